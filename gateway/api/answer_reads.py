@@ -29,15 +29,17 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from gateway.api.usage_read import PastBounds, parses
+from gateway.api.trail import usage_in
+from gateway.api.usage_read import PastBounds, parses, read_json, utf8_document
 from gateway.body_budget import Held, hold_answer
 from gateway.errors import GatewayError
+from gateway.provenance import Usage
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = [
     "MAX_ERROR_BODY",
-    "check_has_body",
     "check_readable",
+    "check_status",
     "check_whole",
     "cover_answer",
     "read_error_body",
@@ -117,29 +119,51 @@ def check_whole(response: UpstreamResponse, data: bytes) -> None:
 # reads a completion, a chat completion or embeddings out of one.
 _NO_BODY: Final = frozenset({204, 205, 304})
 _JSON_SPACE: Final = b" \t\r\n"
+_NOT_OBJECT: Final = "a body that is not a JSON object"
+_NOT_PARSED: Final = "a JSON object that does not parse"
 
 
-def check_has_body(status: int) -> None:
-    """Raise `UpstreamError("shape")` for a 204, 205 or 304, whatever its content type: a
-    `text/event-stream` one answering a stream request too. A fetch-based client (the
-    OpenAI Node SDK) reads no body under these statuses (the Fetch standard's null body
-    statuses), so a stream relayed under one reached it as nothing while the record
-    committed to the whole stream."""
+def check_status(status: int) -> None:
+    """Raise `UpstreamError("shape")` for a 204, 205 or 304, or any other 3xx, whatever its
+    content type: a `text/event-stream` one answering a stream request too. A fetch-based
+    client (the OpenAI Node SDK) reads no body under the first three (the Fetch
+    standard's null body statuses), so a stream relayed under one reached it as nothing
+    while the record committed to the whole stream. A redirect is never followed (the
+    policy says where a request goes, not a backend, or whoever took its address) and
+    never relayed: without its `location` (which never reaches the client) no client
+    follows it, and with one it would send the prompt where the backend said."""
     if status in _NO_BODY:
         raise UpstreamError("shape", f"an answer with no body (HTTP {status})")
+    if 300 <= status < 400:
+        raise UpstreamError("shape", f"a redirect (HTTP {status}), not followed")
 
 
-def check_readable(status: int, data: bytes) -> None:
-    """Raise `UpstreamError("shape")` when a whole answer below 400 is one no OpenAI client
-    reads as the completion, chat completion or embeddings it asked for: a 204, 205 or
-    304 (no body), or a 2xx whose body is empty or does not open a JSON object (an SDK's
-    `response.json()` fails on it, or reads something that is not the answer). The
-    record would state a success the client could not read: the attempt fails before
-    the client saw a byte, as an answer of the other shape does (the next backend may
-    serve, else 502). Only the opening is checked: a framed body is not parsed here."""
-    check_has_body(status)
-    if status < 300 and not _opens_object(data):
-        raise UpstreamError("shape", "a body that is not a JSON object")
+def check_readable(data: bytes, *, counted: bool = True) -> Usage | None:
+    """The usage of a 2xx whole answer as its client's `json.loads(bytes)` reads it
+    (`counted`; else None: no record wants it), read before the client sees a byte; raise
+    `UpstreamError("shape")` when it is one no OpenAI client reads as the completion,
+    chat completion or embeddings it asked for: its body is empty, not a JSON object (an
+    SDK's `response.json()` fails on it, or reads something that is not the answer), or
+    opens one that does not parse (cut short inside its framing, bytes after it, a byte
+    that is not text in its encoding). The record would state a success the client could
+    not read: the attempt fails before the client saw a byte, as an answer of the other
+    shape does (the next backend may serve, else 502). One past the read bounds
+    (`PastBounds`) is refused only when it does not open an object: its client may read
+    it (its usage is unknown). The answer's one parse: the record's usage is read from
+    it (`Trail.read_as`), never again."""
+    try:
+        text = utf8_document(data)
+        doc = read_json(text)
+    except PastBounds:
+        if not _opens_object(data):
+            raise UpstreamError("shape", _NOT_OBJECT) from None
+        return None
+    except ValueError:
+        unread = _NOT_PARSED if _opens_object(data) else _NOT_OBJECT
+        raise UpstreamError("shape", unread) from None
+    if not isinstance(doc, dict):
+        raise UpstreamError("shape", _NOT_OBJECT)
+    return usage_in(doc, text) if counted else None
 
 
 def _opens_object(data: bytes) -> bool:

@@ -8,8 +8,9 @@ the dispatcher can offer the request to the next eligible backend: a refused or 
 connection, a 5xx, no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves),
 or a 2xx answer of the other shape than the request asked for (`shape`: a whole answer
-to a stream request, a stream to any other, a 204, 205 or 304, a body that is empty or
-not a JSON object; the client would read none, nor the usage the record would state).
+to a stream request, a stream to any other, a 204, 205 or 3xx, a body that is empty, not
+a JSON object or one that does not parse; the client would read none, nor the usage the
+record would state).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
 over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
@@ -39,8 +40,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.api.answer_reads import (
-    check_has_body,
     check_readable,
+    check_status,
     check_whole,
     read_error_body,
     read_held,
@@ -76,7 +77,7 @@ _SHAPES: Final = {
     True: "an event stream (text/event-stream) to a request that is not a stream",
 }
 # The only header of a backend's that reaches the client is its content type (relayed on
-# a 2xx or 3xx answer): a media type and its parameters, at most 256 visible ASCII bytes.
+# a 2xx answer): a media type and its parameters, at most 256 visible ASCII bytes.
 # Longer, a client's HTTP parser may refuse the head (aiohttp past 8190 bytes a line,
 # Node's fetch past 16 KiB) and read no answer at all, while the record would state one
 # served: the answer is refused before the client saw a byte (`shape`, 502).
@@ -308,8 +309,8 @@ class PrivateRelay:
             raise translate_upstream_error(status, data, hosts)
         if _RELAYABLE_TYPE.fullmatch(content_type) is None:
             raise UpstreamError("shape", _UNRELAYABLE_TYPE)
-        check_has_body(status)  # a 204, 205 or 304 is no answer, stream or whole
-        if status < 300 and sse != _wants_stream(exchange):
+        check_status(status)  # a 204, 205 or 3xx is no answer, stream or whole
+        if sse != _wants_stream(exchange):
             # The client would read it in the other shape (an SDK parses a stream request's
             # answer as SSE, and JSON out of any other), and see none of the usage the
             # record would state: a broken answer, refused before the client saw a byte.
@@ -318,10 +319,13 @@ class PrivateRelay:
             data = await self._read_whole(exchange, backend, response)
             if exchange.stream:  # stream: true on embeddings: no SSE client's answer either
                 data = self._without_comments(backend.id, data)
-            check_readable(status, data)  # no client reads an empty or non-JSON "success"
+            # no client reads an empty or non-JSON "success"
+            usage = check_readable(data, counted=exchange.trail is not None)
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
+            if exchange.trail is not None:
+                exchange.trail.read_as(usage)
             if attester is not None and exchange.trail is not None:
                 countersignature = response.header(ATTEST_HEADER)
                 attester.judge(exchange.trail, exchange.request_id.decode(), countersignature)

@@ -20,7 +20,7 @@ from gateway.provenance.formats.attestation import Attestation
 from gateway.provenance.formats.receipts import attach_countersignature
 from gateway.provenance.formats.upstream_ids import UpstreamIds
 
-__all__ = ["Trail"]
+__all__ = ["Trail", "usage_in"]
 
 _TAIL = 4096  # bytes of a stream kept to find its usage chunk
 _LINE_ENDS = re.compile(rb"\r\n|\r|\n")
@@ -102,6 +102,11 @@ class Trail:
         self.sent_bytes += len(data)
         self.whole = data
         self._usage_read = False
+
+    def read_as(self, usage: Usage | None) -> None:
+        """The whole answer fed to `answered` was read before it went out
+        (`answer_reads.check_readable`): its usage is that, not read again."""
+        self._usage, self._usage_read = usage, True
 
     def unsent(self) -> None:
         """The whole answer fed to `answered` did not go out after all (cancelled before
@@ -246,16 +251,22 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
         # usage that is no object (`7`, the SDK's `chunk.usage` then).
         if not isinstance(doc, dict) or doc.get("usage") is None:
             continue
-        if not isinstance(doc["usage"], dict):
-            return None
-        counts = counts_in(doc, candidate, line=not one)
-        if counts is None:
-            return None
-        try:
-            return Usage(**counts)
-        except RecordError:  # negative, or past 2**53
-            return None
+        return usage_in(doc, candidate, line=not one)
     return None
+
+
+def usage_in(doc: Any, data: bytes, *, line: bool = False) -> Usage | None:
+    """The usage of `doc`, which `read_json` parsed from `data` (`line`: as for it): none
+    unless its `usage` is an object of counts the record can state."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("usage"), dict):
+        return None
+    counts = counts_in(doc, data, line=line)
+    if counts is None:
+        return None
+    try:
+        return Usage(**counts)
+    except RecordError:  # negative, or past 2**53
+        return None
 
 
 def _usage_lines(data: bytes) -> list[bytes]:

@@ -54,8 +54,9 @@ def out_of_resources(exc: OSError) -> bool:
 # encoding: the answer is in a coding the request did not accept (connection.py `_coded`)
 # retired: its pool was closed (`HttpPool.close`): no connection opened, no backend fault
 # shape: a 2xx answer of the other shape than the request asked for, a whole answer to a
-# stream request or a stream to one that is not, a 204/205/304, a whole answer that is
-# empty or not a JSON object (gateway/api/passthrough.py, answer_reads.py)
+# stream request or a stream to one that is not, a 204/205 or 3xx, a whole answer that is
+# empty, not a JSON object or one that does not parse (gateway/api/passthrough.py,
+# answer_reads.py)
 FailureKind = Literal[
     "connect",
     "timeout",

@@ -158,7 +158,7 @@ def _vllm_embeddings(posts: list[Post]) -> Answer:
     return answer
 
 
-@pytest.mark.parametrize("encoding", ["bytes", "bytes_only", 7, ["float"]])
+@pytest.mark.parametrize("encoding", ["bytes", "bytes_only", "FLOAT", "Base64", 7, ["float"]])
 def test_an_embeddings_encoding_no_client_reads_here_is_refused_before_any_backend(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
@@ -167,7 +167,9 @@ def test_an_embeddings_encoding_no_client_reads_here_is_refused_before_any_backe
 ) -> None:
     """A client that asks vLLM for its binary embeddings got the 502 of an answer of the
     wrong shape, charged to the backend's breaker by the client's own choice: it is a 400
-    naming the field, and no backend sees the request; `float` and `base64` are served."""
+    naming the field, and no backend sees the request; `float` and `base64` are served.
+    Compared exactly, as the backends compare it: llama-server answers `FLOAT` or
+    `Base64` with its own 400, vLLM (a pydantic `Literal`) too."""
     posts: list[Post] = []
     raw = start_raw(_vllm_embeddings(posts))
     gateway, _ = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])

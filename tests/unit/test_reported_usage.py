@@ -10,9 +10,11 @@ import json
 import orjson
 import pytest
 
+from gateway.api.answer_reads import check_readable
 from gateway.api.sse import StreamWatch
 from gateway.api.trail import Trail
 from gateway.provenance import Salts, Usage
+from gateway.upstream.failures import UpstreamError
 
 GOOD = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
 BAD = [
@@ -116,3 +118,42 @@ def test_a_whole_answer_that_is_no_json_states_no_usage() -> None:
         trail.answered(whole)
         assert trail.usage() is None, whole
         assert trail.charged_tokens() == -(-trail.sent_bytes // 4)  # the estimate
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [
+        orjson.dumps({"choices": [], "usage": GOOD}),
+        b'{"usage":' + orjson.dumps(GOOD) + b',"x":NaN}',  # orjson refuses, json.loads reads
+        orjson.dumps({"choices": [], "usage": BAD[0]}),
+        orjson.dumps({"choices": []}),
+        b"\xef\xbb\xbf" + orjson.dumps({"usage": GOOD}),
+        json.dumps({"usage": GOOD}).encode("utf-16"),
+    ],
+)
+def test_the_usage_read_before_an_answer_goes_out_is_the_one_read_after(whole: bytes) -> None:
+    """`check_readable` (the answer's one parse, before the client sees it) states what
+    the trail's own read of the answer states."""
+    trail = Trail(Salts.generate(), "")
+    trail.answered(whole)
+    assert check_readable(whole) == trail.usage()
+    assert check_readable(whole, counted=False) is None
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [
+        orjson.dumps({"usage": GOOD})[:-1],  # cut short
+        orjson.dumps({"usage": GOOD}) + b"<!-- -->",
+        orjson.dumps({"usage": GOOD}) * 2,
+        b'{"usage":{"prompt_tokens":3},"x":"\xff"}',
+        b"{<html>",
+    ],
+)
+def test_an_answer_json_loads_refuses_is_of_the_wrong_shape(whole: bytes) -> None:
+    with pytest.raises((json.JSONDecodeError, UnicodeDecodeError)):
+        json.loads(whole)  # what the client's SDK does with it
+    for counted in (True, False):
+        with pytest.raises(UpstreamError) as info:
+            check_readable(whole, counted=counted)
+        assert info.value.kind == "shape"
