@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BODY_WRITER_SCOPE_KEY",
+    "CHUNK",
     "BodyWriter",
     "body_writer",
     "client_lost",
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
+# One chunk of chunked coding, `CHUNK % (len(data), data)`: what `BodyWriter.write` writes
+# (and the private relay's sink, which writes each read itself: gateway/api/stream_relay.py)
+CHUNK: Final = b"%x\r\n%b\r\n"
 
 
 class BodyWriter:
@@ -132,7 +136,7 @@ class BodyWriter:
             mark_lost(cycle)
             return None
         if data:
-            cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            cycle.transport.write(CHUNK % (len(data), data))
         return not cycle.flow.write_paused
 
     @property

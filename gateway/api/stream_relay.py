@@ -21,6 +21,7 @@ from gateway.api.sse import StreamWatch
 from gateway.api.sse_framing import one_data_line
 from gateway.api.stream_writes import break_stream, start_stream
 from gateway.asgi import Send
+from gateway.body_writer import CHUNK
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.router import Attempt
 from gateway.sse_comments import CommentFilter
@@ -85,7 +86,8 @@ class StreamRelay:
             """One read to the client, written from the backend connection's callback
             (`UpstreamResponse.pump`); whether the client can take more now. It runs once
             per read of a paced stream: the calls it makes are written out where a call
-            would cost as much as its work (`Attempt.answered`, `relayed`)."""
+            would cost as much as its work (`Attempt.answered`, `writer.write`,
+            `relayed`)."""
             nonlocal last
             backend.answered += 1  # alive: a busy server may answer /health late
             assert writer is not None and cycle_of is not None  # (the pump runs only with one)
@@ -106,9 +108,9 @@ class StreamRelay:
                 data = watch.feed(comments.feed(data))
             if not data:
                 return True
-            more = writer.write(data)
-            if more is None:
-                return True  # the client left: nothing written, nothing committed to
+            # `writer.write(data)` written out, less the checks made above (nothing
+            # between could change the connection): one chunk of chunked coding
+            cycle.transport.write(CHUNK % (len(data), data))
             # `relayed(exchange, data)`, written out, less the tail the trail keeps
             exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
             if trail is not None:
@@ -118,7 +120,7 @@ class StreamRelay:
             # (`[DONE]` or the backend's error event seen: is it read now?)
             if (watch.done or watch.events.error_event) and not watch.sent_done:
                 _sent(exchange, watch, tail)
-            return more
+            return not cycle.flow.write_paused  # (full: write no more until it drains)
 
         try:
             if writer is not None and writer.ready():

@@ -63,7 +63,6 @@ class UpstreamResponse:
         # request opened the connection), so what it logs or traces is this request's
         self._sink_context: contextvars.Context | None = None
         self._sink_deadline: float | None = None
-        self._sink_due = False  # a call of `_to_sink` is scheduled
         self._sink_full = False  # the sink could take no more: reading paused
         self._sink_error: Exception | None = None
 
@@ -109,54 +108,39 @@ class UpstreamResponse:
             waiter.set_result(None)
 
     def _push(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            # `pump()` waits: the read goes to its sink now, from the connection's read
+            # callback, in the pump's context: no handle scheduled, no buffer, no
+            # callback of its own per read. The connection hands on a read in one piece
+            # (`_Connection.data_received`), so what a zero-delay backend writes back to
+            # back is relayed in as few writes as it was read.
+            loop = self._sink_loop
+            assert loop is not None and self._sink_context is not None
+            due = loop.time() + self._read_timeout  # the read timeout starts over here
+            deadline = self._sink_deadline
+            if deadline is not None and deadline < due:
+                due, self._due_what = deadline, "the answer did not end in time"
+            self._due = due
+            try:
+                more = self._sink_context.run(sink, data)
+            except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
+                self._sink_error, more = exc, False
+            if not more:  # the sink is full (or failed): reading pauses, the pump wakes
+                self._sink = None
+                self._sink_full = True
+                self._pause()
+                self._wake()
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > _HIGH_WATER and not self._paused and self._conn.transport:
             self._paused = True
             self._conn.transport.pause_reading()
-        if self._sink is None:
-            # `_wake()` written out: this runs once per HTTP chunk of the body (a stream's
-            # every event, however many arrived in one read)
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-        elif not self._sink_due:  # `pump()`: its sink takes the turn's reads at its end
-            self._sink_due = True
-            loop = self._sink_loop
-            assert loop is not None
-            # The read timeout starts over at the read, not at its hand-on: a loop runs a
-            # turn's due timers before the callbacks its reads scheduled.
-            due = loop.time() + self._read_timeout
-            deadline = self._sink_deadline
-            if deadline is not None and deadline < due:
-                due, self._due_what = deadline, "the answer did not end in time"
-            self._due = due
-            loop.call_soon(self._to_sink, context=self._sink_context)
-
-    def _to_sink(self) -> None:
-        """`pump()`'s sink takes what arrived in this turn of the loop, in one piece (what
-        a zero-delay backend writes back to back is relayed in as few writes as it was
-        read)."""
-        self._sink_due = False
-        sink, chunks = self._sink, self._chunks
-        if sink is None or not chunks:
-            return  # the pump stopped waiting: it hands on what is left itself
-        # `_take()` and `_resume()` written out: this runs once per relayed read
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        try:
-            more = sink(data)
-        except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
-            self._sink_error, more = exc, False
-        if more:
-            if self._paused:
-                self._resume()
-        else:
-            self._sink = None
-            self._sink_full = True
-            self._pause()
-            self._wake()
+        # `_wake()` written out: this runs once per read of the body
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _pause(self) -> None:
         if not self._paused and self._conn.transport:
@@ -287,9 +271,9 @@ class UpstreamResponse:
     ) -> None:
         """Hand the body to `sink` as it arrives, until it ends; the limits of `chunks()`.
 
-        While the pump waits, the reads of each turn of the loop go to `sink` from a
-        callback the connection's read schedules (`_push`, `_to_sink`): no task wake-up,
-        future, timer or generator step per read.
+        While the pump waits, each read goes to `sink` from the connection's read
+        callback (`_push`): no task wake-up, future, timer, generator step or scheduled
+        callback per read.
         For a stream paced one token per write, those were most of the Python a relayed
         chunk cost. `sink(data)` returns whether it can take more now; when it cannot
         (the client's buffers are full), reading from the backend pauses until `drain()`

@@ -31,11 +31,13 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from openai._streaming import SSEDecoder
 
 from gateway.body_writer import BodyWriter
+from gateway.upstream.response import UpstreamResponse
 from tests.helpers.audit_rig import (
     assert_logged_as_received,
     chunked,
@@ -213,19 +215,29 @@ def test_a_done_left_in_the_gateways_write_buffer_is_not_read_by_a_client_that_r
     client did not read the answer whole. Before, 200."""
     written = threading.Event()
     buffered: list[int] = []
-    write = BodyWriter.write
+    cycles: list[Any] = []  # the response's, once the relay's sink writes to it
+    ready, pump = BodyWriter.ready, UpstreamResponse.pump
 
-    def writing(self: BodyWriter, data: bytes) -> bool | None:
+    def readied(self: BodyWriter) -> bool:
+        is_ready = ready(self)
         cycle = self.cycle_ref()
-        if cycle is not None and not buffered:  # write on past the high-water mark
+        if is_ready and cycle is not None:  # write on past the high-water mark
             cycle.transport.set_write_buffer_limits(high=1 << 30)
-        more = write(self, data)
-        if data.find(b"[DONE]") >= 0 and cycle is not None:
-            buffered.append(cycle.transport.get_write_buffer_size())
-            written.set()
-        return more
+            cycles.append(cycle)
+        return is_ready
 
-    monkeypatch.setattr(BodyWriter, "write", writing)
+    async def pumping(self: UpstreamResponse, sink: Callable[[bytes], bool], *args: Any) -> None:
+        def noting(data: bytes) -> bool:  # the relay's sink, which writes each read
+            more = sink(data)
+            if data.find(b"[DONE]") >= 0 and cycles:
+                buffered.append(cycles[0].transport.get_write_buffer_size())
+                written.set()
+            return more
+
+        await pump(self, noting, *args)
+
+    monkeypatch.setattr(BodyWriter, "ready", readied)
+    monkeypatch.setattr(UpstreamResponse, "pump", pumping)
     release = threading.Event()
     pieces = chunked(EVENT, *[BIG] * FLOOD, DONE, last=False)
     raw = start_raw(_hangs_after(pieces, release))
