@@ -110,4 +110,22 @@ def load_verifiers(keys: list[str]) -> list[Verifier]:
             verifiers.extend(Verifier(line) for line in lines if line.strip())
         else:
             verifiers.append(Verifier(item))
+    unambiguous(verifiers)
     return verifiers
+
+
+def unambiguous(verifiers: list[Verifier]) -> None:
+    """Refuse two keys under one name and key id: a signature line or a DSSE `keyid`
+    names its key only by `name+hexid` (32 bits of SHA-256, which a key holder can make
+    collide), so it cannot say which of the two made it, and checking it with either one
+    made the verdict depend on the order the keys were given. Go's sumdb/note refuses such
+    a set as ambiguous (tests/unit/test_log_key_id_collision.py)."""
+    seen: dict[str, Verifier] = {}
+    for verifier in verifiers:
+        first = seen.setdefault(str(verifier), verifier)
+        if first.public_key != verifier.public_key:
+            raise KeyFormatError(
+                f"verifier keys {first.vkey} and {verifier.vkey} are two keys under one "
+                f"name and key id {verifier}: a signature names only those, so which key "
+                "made it is ambiguous; trust one of them"
+            )
