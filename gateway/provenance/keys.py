@@ -16,11 +16,13 @@ from pathlib import Path
 
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Signer, Verifier, valid_key_name
+from gateway.small_files import read_small_file
 
 __all__ = ["generate_signing_key", "load_signer", "load_verifiers", "write_signing_key"]
 
 # A key line is about 100 bytes; a file this large is something else named by mistake.
 _MAX_KEY_FILE = 4096
+_MAX_KEYS_FILE = 1 << 20  # a file of verifier keys, one a line
 
 
 def generate_signing_key(
@@ -106,7 +108,10 @@ def load_verifiers(keys: list[str]) -> list[Verifier]:
     for item in keys:
         candidate = Path(item)
         if "+" not in item or candidate.is_file():
-            lines = candidate.read_text(encoding="utf-8").splitlines()
+            # Bounded and never waiting: a FIFO named by mistake blocked the open for ever,
+            # /dev/zero was read until memory ran out (`read_small_file`).
+            text = read_small_file(candidate, _MAX_KEYS_FILE).decode("utf-8")
+            lines = text.splitlines()
             verifiers.extend(Verifier(line) for line in lines if line.strip())
         else:
             verifiers.append(Verifier(item))
