@@ -22,7 +22,8 @@ from gateway.provenance.audit.remote import FetchLimits, is_url, mirror_log
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.formats.attestation import one_key_per_backend
 from gateway.provenance.formats.cosignature import CosignatureVerifier
-from gateway.provenance.formats.layout import MAX_HISTORY
+from gateway.provenance.formats.layout import MAX_HISTORY, MAX_NOTE_FILE
+from gateway.small_files import read_small_file
 
 __all__ = [
     "Handler",
@@ -35,6 +36,7 @@ __all__ = [
     "key_flag",
     "local_log",
     "max_checkpoints_flag",
+    "saved_checkpoint",
     "token_flag",
     "trusted_keys",
     "unverified_size",
@@ -222,6 +224,13 @@ def backend_pins(items: list[str]) -> dict[str, frozenset[str]]:
 def _public_key(verifier: Verifier) -> bytes:
     """The key bytes of a verifier key (`name+hexid+base64`), whatever its name."""
     return base64.b64decode(verifier.vkey.split("+", 2)[2])  # the base64 may hold "+"
+
+
+def saved_checkpoint(name: str) -> bytes:
+    """A checkpoint the auditor saw before (`--checkpoint`, `--attest-checkpoint`): a
+    regular file of at most a note's size, opened without waiting (a FIFO blocked the
+    audit for ever, `/dev/zero` was read until memory ran out); OSError (exit 2) else."""
+    return read_small_file(Path(name), MAX_NOTE_FILE)
 
 
 def witness_key(text: str) -> CosignatureVerifier:

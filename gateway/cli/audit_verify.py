@@ -20,6 +20,7 @@ from gateway.cli.audit_flags import (
     key_flag,
     local_log,
     max_checkpoints_flag,
+    saved_checkpoint,
     token_flag,
     trusted_keys,
     witness_key,
@@ -169,7 +170,7 @@ def add_verify(verbs: Any) -> None:
 def _verify(args: argparse.Namespace) -> int:
     backend_pins(args.backend_pin or args._backend_pin_defaults)  # refused before any work
     files = args.checkpoint or args._checkpoint_defaults
-    trusted = [Path(name).read_bytes() for name in files]
+    trusted = [saved_checkpoint(name) for name in files]
     witnesses = [witness_key(text) for text in args.witness_key or args._witness_defaults]
     with local_log(args.logdir, args, trusted_keys(args), args.origin) as logdir:
         return _verified(args, logdir, trusted, witnesses)
@@ -294,7 +295,7 @@ def _attested(
     trusted: dict[str, list[bytes]] = {}
     for item in seen:
         backend, where = _backend_of(item, keys, "--attest-checkpoint")
-        trusted.setdefault(backend, []).append(Path(where).read_bytes())
+        trusted.setdefault(backend, []).append(saved_checkpoint(where))
     summary = check_attestations(logdir, size, keys)
     for where in replicas:
         _add_replica(args, where, keys, summary, origin)

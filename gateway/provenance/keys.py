@@ -16,11 +16,13 @@ from pathlib import Path
 
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Signer, Verifier, valid_key_name
+from gateway.small_files import read_small_file
 
 __all__ = ["generate_signing_key", "load_signer", "load_verifiers", "write_signing_key"]
 
 # A key line is about 100 bytes; a file this large is something else named by mistake.
 _MAX_KEY_FILE = 4096
+_MAX_KEYS_FILE = 1 << 20  # a file of verifier keys, one a line
 
 
 def generate_signing_key(
@@ -106,8 +108,29 @@ def load_verifiers(keys: list[str]) -> list[Verifier]:
     for item in keys:
         candidate = Path(item)
         if "+" not in item or candidate.is_file():
-            lines = candidate.read_text(encoding="utf-8").splitlines()
+            # Bounded and never waiting: a FIFO named by mistake blocked the open for ever,
+            # /dev/zero was read until memory ran out (`read_small_file`).
+            text = read_small_file(candidate, _MAX_KEYS_FILE).decode("utf-8")
+            lines = text.splitlines()
             verifiers.extend(Verifier(line) for line in lines if line.strip())
         else:
             verifiers.append(Verifier(item))
+    unambiguous(verifiers)
     return verifiers
+
+
+def unambiguous(verifiers: list[Verifier]) -> None:
+    """Refuse two keys under one name and key id: a signature line or a DSSE `keyid`
+    names its key only by `name+hexid` (32 bits of SHA-256, which a key holder can make
+    collide), so it cannot say which of the two made it, and checking it with either one
+    made the verdict depend on the order the keys were given. Go's sumdb/note refuses such
+    a set as ambiguous (tests/unit/test_log_key_id_collision.py)."""
+    seen: dict[str, Verifier] = {}
+    for verifier in verifiers:
+        first = seen.setdefault(str(verifier), verifier)
+        if first.public_key != verifier.public_key:
+            raise KeyFormatError(
+                f"verifier keys {first.vkey} and {verifier.vkey} are two keys under one "
+                f"name and key id {verifier}: a signature names only those, so which key "
+                "made it is ambiguous; trust one of them"
+            )

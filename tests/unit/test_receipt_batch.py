@@ -47,7 +47,11 @@ from gateway.provenance.formats.receipt_batch import (
     MAX_BATCH_RECEIPTS,
     MAX_PATH,
 )
-from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, attach_countersignature
+from gateway.provenance.formats.receipts import (
+    MAX_RECEIPT_BYTES,
+    RECEIPT_PAYLOAD_TYPE,
+    attach_countersignature,
+)
 from gateway.provenance.testing import EXAMPLE_POLICY, CountingRandom, seeded_signer
 from tests.helpers.provenance import run_audit
 
@@ -518,3 +522,19 @@ def test_a_countersignature_json_cannot_encode_is_a_failed_check_not_a_usage_err
         assert "FAILED: " in said and cause in said, said
         if cause != "lone surrogate":
             assert "surrogate" not in said
+
+
+@pytest.mark.parametrize("version", [True, 1.0])
+def test_a_version_that_is_not_the_integer_1_is_refused(version: object) -> None:
+    # `true` and `1.0` equal 1 in Python, and `{"v":true}` is its own JCS encoding: they
+    # passed `v != 1`, where a verifier that reads `v` as an integer (Go, Rust) refuses
+    # them, so one signed receipt read as valid or not depending on the auditor's parser.
+    claims = _receipt(10).payload()
+    raw = json.dumps({**claims, "v": version}, sort_keys=True, separators=(",", ":"))
+    v1 = canonical_json(signed_envelope(RECEIPT_PAYLOAD_TYPE, raw.encode(), SIGNER))
+    with pytest.raises(MalformedError, match="v=1"):
+        verify_receipt(v1, VERIFIERS)
+    if version is True:  # a float is not JCS, refused as such: the statement's `v`
+        (forged,) = _signed_batch([canonical_json(claims)], {"v": version})
+        with pytest.raises(MalformedError, match="wrong type"):
+            verify_receipt(forged, VERIFIERS)

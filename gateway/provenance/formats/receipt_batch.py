@@ -95,7 +95,8 @@ class BatchStatement:
         names = ("v", "log", "first", "entries", "receipts", "root")
         found = sole_members(value, names, "batch statement")
         if (
-            found["v"] != 1
+            type(found["v"]) is not int  # `true` equals 1 in Python, and is JCS too
+            or found["v"] != 1
             or not isinstance(found["log"], str)
             or not all(_count(found[name]) for name in ("first", "entries", "receipts"))
             or not isinstance(found["root"], str)

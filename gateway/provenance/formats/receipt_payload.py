@@ -18,11 +18,19 @@ __all__ = ["MAX_ORIGIN", "RECEIPT_PAYLOAD_TYPE", "REQUEST_ID", "Receipt", "plain
 
 RECEIPT_PAYLOAD_TYPE = "application/vnd.owngate.receipt+json"
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")  # a SHA-256 hash or a 32-byte salt
+
 # A request id: the gateway's `req_` (a request) or `adm_` (an admin action) and 24 hex
 # digits, a sidecar's own `attest-` and 16; the form a sidecar accepts of x-request-id.
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 # A receipt's backend: a backend id as gateway.yaml allows it, or "" for a refusal.
 _BACKEND = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,62})?\Z")
+
+
+def _is_one(value: object) -> bool:
+    """The version 1: the JSON integer, not `true` or `1.0`."""
+    return type(value) is int and value == 1
+
+
 MAX_ORIGIN = 255  # characters of a log's origin line
 
 
@@ -59,7 +67,9 @@ class Receipt:
     def from_payload(cls, value: object) -> Receipt:
         expected = {"v", "request_id", "log", "index", "dispatch_hash", "backend"}
         expected |= {"policy_digest", "salts"}
-        if not isinstance(value, dict) or set(value) != expected or value["v"] != 1:
+        # `type(...) is int`: `true` and `1.0` equal 1 in Python, and a verifier reading
+        # `v` as an integer refuses them (one receipt, two verdicts otherwise).
+        if not isinstance(value, dict) or set(value) != expected or not _is_one(value["v"]):
             raise MalformedError(f"receipt payload must have exactly {sorted(expected)}, v=1")
         salts = value["salts"]
         strings = ("request_id", "log", "backend", "policy_digest")
