@@ -94,6 +94,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where setup.sh installed llama-server (default: $OWNGATE_REAL_BACKEND_DIR, "
         "else .real-backend)",
     )
+    instructions = parser.add_argument_group(
+        "--instructions", "the sidecar alone under callgrind (owngate_bench.attest_instructions)"
+    )
+    instructions.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instead: count the sidecar's instructions per request under callgrind",
+    )
+    instructions.add_argument("--requests", type=int, default=500, help="measured requests (500)")
+    instructions.add_argument(
+        "--shape",
+        choices=("bench", "gateway"),
+        default="bench",
+        help="bench: no request id or salts (as the sidecar target); gateway: with both",
+    )
+    instructions.add_argument(
+        "--keep-dumps", type=Path, default=None, help="copy the callgrind dumps here"
+    )
 
 
 def _real_dir(args: argparse.Namespace) -> Path:
@@ -374,6 +392,10 @@ def _verdict(value: float | None, target: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.instructions:
+        from owngate_bench import attest_instructions
+
+        return attest_instructions.run(args)
     if args.concurrency < 1 or args.duration <= 0 or _reps(args) < 1:
         print(
             "owngate bench attest: --concurrency >= 1, --duration > 0 and --reps >= 1",
