@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from owngate_bench import attest_instructions
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
 from owngate_bench.overhead_points import rotated
 from owngate_bench.services import (
@@ -94,24 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where setup.sh installed llama-server (default: $OWNGATE_REAL_BACKEND_DIR, "
         "else .real-backend)",
     )
-    instructions = parser.add_argument_group(
-        "--instructions", "the sidecar alone under callgrind (owngate_bench.attest_instructions)"
-    )
-    instructions.add_argument(
-        "--instructions",
-        action="store_true",
-        help="instead: count the sidecar's instructions per request under callgrind",
-    )
-    instructions.add_argument("--requests", type=int, default=500, help="measured requests (500)")
-    instructions.add_argument(
-        "--shape",
-        choices=("bench", "gateway"),
-        default="bench",
-        help="bench: no request id or salts (as the sidecar target); gateway: with both",
-    )
-    instructions.add_argument(
-        "--keep-dumps", type=Path, default=None, help="copy the callgrind dumps here"
-    )
+    attest_instructions.add_arguments(parser)  # --instructions, a run of its own
 
 
 def _real_dir(args: argparse.Namespace) -> Path:
@@ -393,8 +377,6 @@ def _verdict(value: float | None, target: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.instructions:
-        from owngate_bench import attest_instructions
-
         return attest_instructions.run(args)
     if args.concurrency < 1 or args.duration <= 0 or _reps(args) < 1:
         print(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import re
 import secrets
 import shutil
@@ -38,7 +39,7 @@ from owngate_bench.instructions import count_total
 from owngate_bench.loadspec import LoadSpec
 from owngate_bench.services import HOST, Service, child_env, free_port, owngate_argv
 
-__all__ = ["SHAPES", "measure", "render", "signature_count"]
+__all__ = ["SHAPES", "add_arguments", "measure", "render", "run", "signature_count"]
 
 MODEL = "bench-model"
 SHAPES = ("bench", "gateway")
@@ -46,6 +47,28 @@ SIGNATURE = "ossl_ed25519_sign"
 _WARMUP = 300
 # `callgrind_annotate --inclusive=yes`: "<count> (<share>)  <file>:<function> [<object>]"
 _INCLUSIVE = re.compile(r"^\s*([\d,]+) \([^)]*\)\s+\S*?:?(\S+) \[", re.M)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`owngate bench attest`'s options for this run."""
+    group = parser.add_argument_group(
+        "--instructions", "the sidecar alone under callgrind (owngate_bench.attest_instructions)"
+    )
+    group.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instead: count the sidecar's instructions per request under callgrind",
+    )
+    group.add_argument("--requests", type=int, default=500, help="measured requests (500)")
+    group.add_argument(
+        "--shape",
+        choices=("bench", "gateway"),
+        default="bench",
+        help="bench: no request id or salts (as the sidecar target); gateway: with both",
+    )
+    group.add_argument(
+        "--keep-dumps", type=Path, default=None, help="copy the callgrind dumps here"
+    )
 
 
 def signature_count(annotated_inclusive: str, function: str = SIGNATURE) -> int:
@@ -193,7 +216,5 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as exc:
         print(f"owngate bench attest --instructions: {exc}", file=sys.stderr)
         return 1
-    import json
-
     print(json.dumps(found) if args.json else render(found))
     return 0
