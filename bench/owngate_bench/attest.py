@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from owngate_bench import attest_instructions
 from owngate_bench.loadgen import LoadSpec, run_in_subprocess
 from owngate_bench.overhead_points import rotated
 from owngate_bench.services import (
@@ -94,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where setup.sh installed llama-server (default: $OWNGATE_REAL_BACKEND_DIR, "
         "else .real-backend)",
     )
+    attest_instructions.add_arguments(parser)  # --instructions, a run of its own
 
 
 def _real_dir(args: argparse.Namespace) -> Path:
@@ -374,6 +376,8 @@ def _verdict(value: float | None, target: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.instructions:
+        return attest_instructions.run(args)
     if args.concurrency < 1 or args.duration <= 0 or _reps(args) < 1:
         print(
             "owngate bench attest: --concurrency >= 1, --duration > 0 and --reps >= 1",

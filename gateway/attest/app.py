@@ -56,7 +56,7 @@ The HTTP side is `gateway/attest/protocol.py`; `gateway/attest/server.py` runs b
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import hashlib
 import os
 from collections.abc import Callable
@@ -105,6 +105,7 @@ _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
 _NOT_RELAYED = GatewayError(ErrorCode.not_found, "The sidecar relays only a gateway's requests.")
 _sha256 = hashlib.sha256
+_b64 = binascii.b2a_base64  # base64.b64encode without its Python frame (newline=False)
 # Random bytes for a request without salts or a valid id (not from a gateway): both salts
 # and an 8-byte id, one `getrandom` per request whatever is missing.
 _FRESH = 2 * SALT_SIZE + 8
@@ -266,7 +267,7 @@ class AttestRelay:
                 if response.status < 400 and not response.ended_by_close:
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self.notary.countersign(request_id, request_commitment, digest)
-                    extra = _ATTEST_LINE + base64.b64encode(envelope) + b"\r\n"
+                    extra = _ATTEST_LINE + _b64(envelope, newline=False) + b"\r\n"
                 conn.respond(response.status, data, content_type, extra)
                 return
             await self._stream(conn, response, content_type, request_id, request_commitment, salts)
@@ -332,7 +333,7 @@ class AttestRelay:
         hashed.update(line_end)
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self.notary.countersign(request_id, request_commitment, digest)
-        conn.end_stream(line_end + SSE_PREFIX + base64.b64encode(envelope) + b"\n\n")
+        conn.end_stream(line_end + SSE_PREFIX + _b64(envelope, newline=False) + b"\n\n")
 
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most

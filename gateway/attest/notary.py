@@ -23,7 +23,7 @@ per-second prefix; `tests/unit/test_attest_notary.py` checks the bytes equal
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import sys
 import time
 from collections.abc import Callable
@@ -52,10 +52,21 @@ COUNTER_FILE = "attest-counter"  # in the log's directory
 COUNTER_BLOCK = 1 << 16  # counters reserved per fsync; a crash skips at most this many
 
 _PAE_PREFIX = pae(ATTESTATION_PAYLOAD_TYPE, b"")[: -len(b"0 ")]  # b"DSSEv1 N type "
+# The statement's canonical JSON (RFC 8785: keys in code-unit order, no blanks) with its
+# fields formatted in: what `canonical_json_of_plain(record)` writes for the relay's inputs
+# (a request id in a record's form, hex digests, the time: none needs escaping; the key's
+# JSON is made once), without building and encoding a dict per request.
+_PAYLOAD = (
+    '{"counter":%d,"key":%s,"request_commitment":"%s","request_id":"%s",'
+    '"response_commitment":"%s","time":"%s","type":"attestation","v":1}'
+)
 _ENVELOPE = (
     b'{"payload":"%s","payloadType":"' + ATTESTATION_PAYLOAD_TYPE.encode() + b'",'
     b'"signatures":[{"keyid":%s,"sig":"%s"}]}'
 )
+
+
+_b64 = binascii.b2a_base64  # base64.b64encode without its Python frame (newline=False)
 
 
 class _Clock:
@@ -134,6 +145,7 @@ class Notary:
         self._sign = signer.sign
         self._key = str(signer)
         self._key_json = canonical_json_of_plain(self._key)
+        self._key_text = self._key_json.decode()  # for `_PAYLOAD`
         self._log = log
         self._now_ns = now_ns
         self._clock = _Clock()
@@ -164,21 +176,37 @@ class Notary:
         if counter >= self._reserved:
             self._reserve()  # raises OSError when it cannot: nothing is signed then
         self._next = counter + 1
+        request_id_text = request_id.decode("ascii")
+        now = self._clock.format(self._now_ns()).decode("ascii")
         record = {
             "v": 1,
             "type": "attestation",
-            "request_id": request_id.decode("ascii"),
-            "time": self._clock.format(self._now_ns()).decode("ascii"),
+            "request_id": request_id_text,
+            "time": now,
             "counter": counter,
             "key": self._key,
             "request_commitment": request_commitment,
             "response_commitment": response_commitment,
         }
-        payload = canonical_json_of_plain(record)
+        payload = (
+            _PAYLOAD
+            % (
+                counter,
+                self._key_text,
+                request_commitment,
+                request_id_text,
+                response_commitment,
+                now,
+            )
+        ).encode()
         signature = self._sign(b"%s%d %s" % (_PAE_PREFIX, len(payload), payload))
         written = self._log.append_soon(record, checked=True, encoded=payload)
         written.add_done_callback(self._logged)
-        return _ENVELOPE % (base64.b64encode(payload), self._key_json, base64.b64encode(signature))
+        return _ENVELOPE % (
+            _b64(payload, newline=False),
+            self._key_json,
+            _b64(signature, newline=False),
+        )
 
     def close(self) -> None:
         """At a stop, after the log's: the next start goes on at the exact counter. A

@@ -25,7 +25,7 @@ from gateway.attest.listener import SHUTDOWN_TIMEOUT_S, TlsAcceptor
 from gateway.attest.protocol import Listener
 from gateway.config.schema import ListenSettings
 from gateway.listener_limits import ListenerLimits
-from gateway.serving import bind_socket
+from gateway.serving import bind_socket, settle_heap
 
 __all__ = ["DRAIN_S", "AttestThread", "serve"]
 
@@ -112,6 +112,9 @@ def serve(
         if isinstance(running, str):
             sock.close()  # nothing serves on it
             return 1, running
+        # What startup built (modules, the key, the open log) out of the collector's full
+        # walks, as `owngate serve` does: each walked it all on the loop, between requests.
+        settle_heap()
         if on_ready is not None:
             on_ready()
         stop = asyncio.Event()

@@ -65,6 +65,22 @@ def test_the_envelope_and_record_are_the_reference_ones(
         loop.close()
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.text(st.characters(exclude_categories=("Z", "C"), exclude_characters="+"), max_size=20))
+def test_a_key_name_that_json_escapes_or_is_not_ascii_is_in_the_reference_bytes(
+    name: str,
+) -> None:
+    """The statement is formatted from a template (notary.py `_PAYLOAD`), not encoded from
+    its record: a key whose JSON needs escapes (`"`, `\\`) or is not ASCII is still
+    written as `Statement.payload()` and `sign_statement` write it."""
+    signer = seeded_signer("gpu-" + name, 5)
+    loop = asyncio.new_event_loop()
+    try:
+        _check(signer, _Log(7, loop), "chatcmpl-abc", "ab" * 32, "cd" * 32, [10**18])
+    finally:
+        loop.close()
+
+
 def _check(
     signer: Signer,
     log: _Log,
