@@ -10,7 +10,10 @@ worker's live registry and merges the other workers' latest snapshots:
 - of gauges, `owngate_backend_inflight` is summed (requests in flight across workers),
   and `owngate_policy_stale` (the workers that could not read their policy files);
   `owngate_provenance_ready` is the lowest (each worker writes its own log: one that
-  cannot write refuses its share of the requests, whichever worker is scraped);
+  cannot write refuses its share of the requests, whichever worker is scraped), and
+  `owngate_provenance_unsigned_bytes` the highest (each log has its own bound: the
+  worker nearest it, whichever is scraped; before, a scrape read one worker's backlog,
+  0 or at the bound by which worker the kernel picked);
   every other gauge (build and policy info, the backend load each worker scrapes
   itself) is the scraped worker's own reading, or the first worker's that has it.
 
@@ -38,6 +41,7 @@ __all__ = ["FleetMetrics", "merge_expositions"]
 
 _SUMMED_GAUGES = frozenset({"owngate_backend_inflight", "owngate_policy_stale"})
 _LOWEST_GAUGES = frozenset({"owngate_provenance_ready"})
+_HIGHEST_GAUGES = frozenset({"owngate_provenance_unsigned_bytes"})
 _SUMMED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
 
 
@@ -92,6 +96,7 @@ def merge_expositions(texts: list[str]) -> bytes:
                 values[family.name] = {}
             summed = family.type in _SUMMED_TYPES or family.name in _SUMMED_GAUGES
             lowest = family.name in _LOWEST_GAUGES
+            highest = family.name in _HIGHEST_GAUGES
             samples = values[family.name]
             for sample in family.samples:
                 key = (sample.name, tuple(sorted(sample.labels.items())))
@@ -101,6 +106,8 @@ def merge_expositions(texts: list[str]) -> bytes:
                     samples[key] += sample.value
                 elif lowest:
                     samples[key] = min(samples[key], sample.value)
+                elif highest:
+                    samples[key] = max(samples[key], sample.value)
     for name, family in families.items():
         for (sample_name, labels), value in values[name].items():
             family.add_sample(sample_name, dict(labels), value)

@@ -153,6 +153,26 @@ def test_merge_sums_counters_and_inflight_but_not_info_gauges() -> None:
     assert merged[("owngate_request_duration_seconds_sum", (("endpoint", "chat"),))] == 1.0
 
 
+def test_merge_shows_the_log_backlog_of_the_worker_nearest_its_bound() -> None:
+    # Each worker's log holds its own unsigned entries against its own
+    # provenance.max_unsigned_bytes: a scrape shows the fullest, whichever worker answers
+    # (before, the answering worker's own: 0 on one scrape, at the bound on the next).
+    full = (
+        "# TYPE owngate_provenance_ready gauge\nowngate_provenance_ready 0\n"
+        "# TYPE owngate_provenance_unsigned_bytes gauge\n"
+        "owngate_provenance_unsigned_bytes 201065\n"
+    )
+    fine = full.replace(" 0\n", " 1\n").replace(" 201065\n", " 0\n")
+    for texts in ([fine, full], [full, fine]):
+        merged = {
+            s.name: s.value
+            for f in text_string_to_metric_families(merge_expositions(texts).decode())
+            for s in f.samples
+        }
+        assert merged["owngate_provenance_unsigned_bytes"] == 201065
+        assert merged["owngate_provenance_ready"] == 0
+
+
 def test_each_worker_gets_its_own_log_and_replica_id() -> None:
     config = gateway_config(
         [backend("gpu", "http://127.0.0.1:9", "m")],
