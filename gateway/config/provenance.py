@@ -72,11 +72,12 @@ class ProvenanceSettings(_Strict):
     )
     max_unsigned_bytes: int = Field(
         default=64 * 1024 * 1024,
-        gt=0,
+        ge=64 * 1024,  # some 40 records: below it, traffic between two checkpoints is refused
         le=2**40,
         description="bytes of durable entries no signed checkpoint covers yet, which the log "
         "holds in memory until one does; past it (checkpoints failing or hung) new requests "
-        "are refused (503 provenance_unavailable) until a checkpoint is signed again",
+        "are refused (503 provenance_unavailable) until a checkpoint is signed again; at "
+        "least 65536",
     )
     receipts: Literal["batch", "single"] = Field(
         default="batch",

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 import gateway.provenance.writer.store
+from gateway.config.provenance import ProvenanceSettings
 from gateway.provenance import (
     LogSettings,
     LogUnavailableError,
@@ -174,6 +176,21 @@ def test_a_hung_export_holds_no_more_than_the_bound(
 def test_the_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_unsigned_bytes"):
         LogSettings(max_unsigned_bytes=0)
+
+
+@pytest.mark.parametrize("bound", [1, 65_535])
+def test_a_config_bound_that_holds_too_few_records_is_refused(bound: int) -> None:
+    # 1 byte refused nearly every request between two checkpoints, with no fault at all.
+    with pytest.raises(ValidationError, match="max_unsigned_bytes"):
+        ProvenanceSettings(
+            dir="log", origin="gw.example/log", signing_key_file="k", max_unsigned_bytes=bound
+        )
+    assert (
+        ProvenanceSettings(
+            dir="log", origin="gw.example/log", signing_key_file="k", max_unsigned_bytes=65_536
+        ).max_unsigned_bytes
+        == 65_536
+    )
 
 
 def _frames(error: BaseException) -> int:
