@@ -30,6 +30,7 @@ _OUTSIDE = (
     "may name files under the running config's directory or those the running config "
     "reads (check any other path with `owngate config validate` on the host)"
 )
+_NUL = "a path may not hold a NUL byte"
 
 
 def outside_files(
@@ -39,11 +40,13 @@ def outside_files(
     configs' are) that resolves outside `config_dir` and outside what `running` reads."""
     roots = [_resolved(config_dir, ".")]
     roots += [_resolved(config_dir, value) for _, value in _named(running, config_dir)]
-    return [
-        ConfigIssue(_where(loc), None, _OUTSIDE.format(value=value), loc)
-        for loc, value in _named(candidate, config_dir)
-        if not any(_within(_resolved(config_dir, value), root) for root in roots)
-    ]
+    issues = []
+    for loc, value in _named(candidate, config_dir):
+        if "\0" in value:  # names no file (and resolving it raised ValueError: a 500)
+            issues.append(ConfigIssue(_where(loc), None, _NUL, loc))
+        elif not any(_within(_resolved(config_dir, value), root) for root in roots):
+            issues.append(ConfigIssue(_where(loc), None, _OUTSIDE.format(value=value), loc))
+    return issues
 
 
 def _named(
@@ -67,7 +70,11 @@ def _named(
         yield ("provenance", "signing_key_file"), log.signing_key_file
         for index, path in enumerate(log.previous_signing_key_files):
             yield ("provenance", "previous_signing_key_files", index), path
-        yield ("provenance", "high_water_file"), str(log.high_water_path(config_dir))
+        # As written, relative to `config_dir` like the others: `high_water_path` has
+        # joined it already, and a relative `config_dir` joined twice (`serve --config
+        # deploy/gateway.yaml`) let `../x` pass for a file under it. Unset: its default.
+        high_water = log.high_water_file or str(log.high_water_path(config_dir))
+        yield ("provenance", "high_water_file"), high_water
 
 
 def _where(loc: tuple[str | int, ...]) -> str:

@@ -148,3 +148,51 @@ def test_the_files_the_running_config_reads_are_still_validated(tmp_path: Path) 
         problems = control.validate(json.dumps({**BASE, **named}))
         assert any(shown in problem for problem in problems), problems
         assert not any("outside the files" in problem for problem in problems), problems
+
+
+def test_a_high_water_file_is_confined_under_a_relative_config_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`owngate serve --config deploy/gateway.yaml` runs with a relative config
+    directory. The high-water file was checked as `high_water_path` (already joined to
+    it) joined to it again, `deploy/deploy/../x`, so `../x` passed for a file under
+    `deploy/` and the gateway read `x` beside it: its first line came back quoted."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "host.txt").write_text(f"{SECRET}\n1\n{'A' * 43}=\n\n- x\n")
+    log = {"dir": "log", "origin": "example.com/log", "signing_key_file": "k"}
+    candidate = {**BASE, "provenance": {**log, "high_water_file": "../host.txt"}}
+    problems = _control(Path("deploy")).validate(json.dumps(candidate))
+    assert not any(SECRET in problem for problem in problems), problems
+    refused = "candidate:provenance.high_water_file: '../host.txt' is outside the files"
+    assert any(problem.startswith(refused) for problem in problems), problems
+
+
+def test_a_high_water_file_under_the_config_directory_is_not_quoted(tmp_path: Path) -> None:
+    """A file of the gateway's own (a provider's credentials mounted beside the config)
+    named as a candidate's high-water file: its second line, a secret, was quoted as a
+    checkpoint size that is not a decimal number."""
+    config_dir = tmp_path / "config"
+    (config_dir / "secrets").mkdir(parents=True)
+    (config_dir / "secrets" / "credentials").write_text(
+        f"[default]\naws_secret_access_key = {SECRET}\nregion = eu\n\n[other]\n"
+    )
+    log = {"dir": "log", "origin": "example.com/log", "signing_key_file": "k"}
+    candidate = {**BASE, "provenance": {**log, "high_water_file": "secrets/credentials"}}
+    problems = _control(config_dir).validate(json.dumps(candidate))
+    assert any("does not hold a checkpoint" in problem for problem in problems), problems
+    assert not any(SECRET in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        {"keys_file": "a\0b"},
+        {"policy": {"paths": ["a\0b"]}},
+        {"provenance": {"dir": "a\0b", "origin": "example.com/log", "signing_key_file": "k"}},
+    ],
+)
+def test_a_path_holding_a_nul_byte_is_a_problem(tmp_path: Path, named: dict[str, object]) -> None:
+    # Before: resolving it raised ValueError, the admin API's 500 (internal error)
+    problems = _control(tmp_path).validate(json.dumps({**BASE, **named}))
+    assert any("a path may not hold a NUL byte" in problem for problem in problems), problems
