@@ -10,18 +10,21 @@ host's files for a token that was never given them: `policy: {paths: ["/"]}` wal
 whole filesystem (tens of seconds of a worker thread, the one candidate parse held, and
 an answer of thousands of problems naming every YAML file on the host), and a problem
 about a file quoted what it held (a document's `apiVersion` and `kind`, a mapping's key
-names, a YAML tag). A path outside both is a problem named before any file is read;
-`owngate config validate` on the host checks any path.
+names, a YAML tag). A path outside both is a problem named before any file is read, and
+so is a link to a file outside both among the files of a policy directory it names (the
+policy loader reads a link to a file wherever it points); `owngate config validate` on
+the host checks any path.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from gateway.config.loader import ConfigIssue
 from gateway.config.schema import GatewaySettings
+from gateway.policy.source import discover
 
 __all__ = ["outside_files"]
 
@@ -31,6 +34,10 @@ _OUTSIDE = (
     "reads (check any other path with `owngate config validate` on the host)"
 )
 _NUL = "a path may not hold a NUL byte"
+_LINKED = (
+    "{value!r} holds {file!r}, a link to a file outside the files this gateway reads (a "
+    "candidate sent to the admin API reads none of those)"
+)
 
 
 def outside_files(
@@ -38,14 +45,21 @@ def outside_files(
 ) -> list[ConfigIssue]:
     """A problem for each path `candidate` names (relative to `config_dir`, as both
     configs' are) that resolves outside `config_dir` and outside what `running` reads."""
-    roots = [_resolved(config_dir, ".")]
-    roots += [_resolved(config_dir, value) for _, value in _named(running, config_dir)]
+    read = list(_named(running, config_dir))
+    roots = [_resolved(config_dir, ".")] + [_resolved(config_dir, value) for _, value in read]
+    roots += [os.path.realpath(file) for file in _policy_files(read, config_dir)]
     issues = []
     for loc, value in _named(candidate, config_dir):
         if "\0" in value:  # names no file (and resolving it raised ValueError: a 500)
             issues.append(ConfigIssue(_where(loc), None, _NUL, loc))
-        elif not any(_within(_resolved(config_dir, value), root) for root in roots):
+        elif not _inside(_resolved(config_dir, value), roots):
             issues.append(ConfigIssue(_where(loc), None, _OUTSIDE.format(value=value), loc))
+        else:  # a policy directory's files too: a link among them may point anywhere
+            issues += [
+                ConfigIssue(_where(loc), None, _LINKED.format(value=value, file=str(file)), loc)
+                for file in _policy_files([(loc, value)], config_dir)
+                if not _inside(os.path.realpath(file), roots)
+            ]
     return issues
 
 
@@ -77,6 +91,15 @@ def _named(
         yield ("provenance", "high_water_file"), high_water
 
 
+def _policy_files(
+    named: Iterable[tuple[tuple[str | int, ...], str]], config_dir: Path
+) -> list[Path]:
+    """The files read of the policy paths among `named`, as the policy loader finds them
+    (a directory listed, links to files kept, links to directories never walked)."""
+    paths = [config_dir / value for loc, value in named if loc[0] == "policy"]
+    return discover(paths)[0] if paths else []
+
+
 def _where(loc: tuple[str | int, ...]) -> str:
     """`policy.paths[0]`: where a value is set, as the config loader names it."""
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)[1:]
@@ -85,6 +108,10 @@ def _where(loc: tuple[str | int, ...]) -> str:
 def _resolved(config_dir: Path, value: str) -> str:
     """The path `value` names, relative to `config_dir`, with every link followed."""
     return os.path.realpath(os.path.join(config_dir, value))
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(_within(path, root) for root in roots)
 
 
 def _within(path: str, root: str) -> bool:

@@ -196,3 +196,35 @@ def test_a_path_holding_a_nul_byte_is_a_problem(tmp_path: Path, named: dict[str,
     # Before: resolving it raised ValueError, the admin API's 500 (internal error)
     problems = _control(tmp_path).validate(json.dumps({**BASE, **named}))
     assert any("a path may not hold a NUL byte" in problem for problem in problems), problems
+
+
+def test_a_link_to_a_host_file_inside_a_named_directory_is_outside(tmp_path: Path) -> None:
+    """Only the path named was resolved: a directory under the config's holding a link to
+    a host file (a link to a directory is never walked, one to a file is read) had that
+    file read, and its key name, the secret, quoted."""
+    host = _host_files(tmp_path / "host")
+    config_dir = tmp_path / "config"
+    (config_dir / "policies").mkdir(parents=True)
+    (config_dir / "policies" / "spec.yaml").symlink_to(host / "spec.yaml")
+    problems = _control(config_dir).validate(
+        json.dumps({**BASE, "policy": {"paths": ["policies"]}})
+    )
+    assert not any(SECRET in problem for problem in problems), problems
+    assert len(problems) == 1 and "a link to a file outside" in problems[0], problems
+
+
+def test_a_link_the_running_config_reads_is_still_validated(tmp_path: Path) -> None:
+    """A link in the running config's own policy directory (to a file shared elsewhere)
+    is a file the running config reads: a candidate naming that directory is checked."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "p.yaml").write_text(versioned_policy("1", "eu"))
+    config_dir = tmp_path / "config"
+    (config_dir / "policies").mkdir(parents=True)
+    (config_dir / "policies" / "p.yaml").symlink_to(shared / "p.yaml")
+    running: dict[str, object] = {**BASE, "policy": {"paths": ["policies"]}}
+    control = _control(config_dir, running)
+    (shared / "p.yaml").write_text("apiVersion: nope-4\nkind: Policy\n")
+    problems = control.validate(json.dumps(running))
+    assert any("nope-4" in problem for problem in problems), problems
+    assert not any("outside the files" in problem for problem in problems), problems
