@@ -34,6 +34,7 @@ _OUTSIDE = (
     "reads (check any other path with `owngate config validate` on the host)"
 )
 _NUL = "a path may not hold a NUL byte"
+_UNLISTED = "{value!r} cannot be listed"
 _LINKED = (
     "{value!r} holds {file!r}, a link to a file outside the files this gateway reads (a "
     "candidate sent to the admin API reads none of those)"
@@ -47,17 +48,19 @@ def outside_files(
     configs' are) that resolves outside `config_dir` and outside what `running` reads."""
     read = list(_named(running, config_dir))
     roots = [_resolved(config_dir, ".")] + [_resolved(config_dir, value) for _, value in read]
-    roots += [os.path.realpath(file) for file in _policy_files(read, config_dir)]
+    roots += [os.path.realpath(file) for file in _policy_files(read, config_dir) or ()]
     issues = []
     for loc, value in _named(candidate, config_dir):
         if "\0" in value:  # names no file (and resolving it raised ValueError: a 500)
             issues.append(ConfigIssue(_where(loc), None, _NUL, loc))
         elif not _inside(_resolved(config_dir, value), roots):
             issues.append(ConfigIssue(_where(loc), None, _OUTSIDE.format(value=value), loc))
+        elif (files := _policy_files([(loc, value)], config_dir)) is None:
+            issues.append(ConfigIssue(_where(loc), None, _UNLISTED.format(value=value), loc))
         else:  # a policy directory's files too: a link among them may point anywhere
             issues += [
                 ConfigIssue(_where(loc), None, _LINKED.format(value=value, file=str(file)), loc)
-                for file in _policy_files([(loc, value)], config_dir)
+                for file in files
                 if not _inside(os.path.realpath(file), roots)
             ]
     return issues
@@ -93,11 +96,15 @@ def _named(
 
 def _policy_files(
     named: Iterable[tuple[tuple[str | int, ...], str]], config_dir: Path
-) -> list[Path]:
+) -> list[Path] | None:
     """The files read of the policy paths among `named`, as the policy loader finds them
-    (a directory listed, links to files kept, links to directories never walked)."""
+    (a directory listed, links to files kept, links to directories never walked); None
+    when they cannot be listed (a name too long for the filesystem: OSError)."""
     paths = [config_dir / value for loc, value in named if loc[0] == "policy"]
-    return discover(paths)[0] if paths else []
+    try:
+        return discover(paths)[0] if paths else []
+    except OSError:
+        return None
 
 
 def _where(loc: tuple[str | int, ...]) -> str:

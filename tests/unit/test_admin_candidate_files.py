@@ -228,3 +228,10 @@ def test_a_link_the_running_config_reads_is_still_validated(tmp_path: Path) -> N
     problems = control.validate(json.dumps(running))
     assert any("nope-4" in problem for problem in problems), problems
     assert not any("outside the files" in problem for problem in problems), problems
+
+
+def test_a_policy_path_too_long_to_list_is_a_problem(tmp_path: Path) -> None:
+    # Listing a named policy directory's files (to resolve each) raised OSError for a
+    # name past the filesystem's limit: the admin API's 500
+    problems = _control(tmp_path).validate(json.dumps({**BASE, "policy": {"paths": ["x" * 300]}}))
+    assert problems == [f"candidate:policy.paths[0]: {'x' * 300!r} cannot be listed"], problems
