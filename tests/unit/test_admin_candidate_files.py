@@ -235,3 +235,10 @@ def test_a_policy_path_too_long_to_list_is_a_problem(tmp_path: Path) -> None:
     # name past the filesystem's limit: the admin API's 500
     problems = _control(tmp_path).validate(json.dumps({**BASE, "policy": {"paths": ["x" * 300]}}))
     assert problems == [f"candidate:policy.paths[0]: {'x' * 300!r} cannot be listed"], problems
+
+
+def test_a_log_directory_too_long_to_look_at_is_a_problem(tmp_path: Path) -> None:
+    # Before: the preflight's `exists()` raised OSError (ENAMETOOLONG): the admin API's 500
+    log = {"dir": "x" * 300, "origin": "example.com/log", "signing_key_file": "k"}
+    problems = _control(tmp_path).validate(json.dumps({**BASE, "provenance": log}))
+    assert any(p.startswith(f"provenance.dir {tmp_path / ('x' * 300)}: ") for p in problems)
