@@ -49,8 +49,13 @@ def outside_files(
     read = list(_named(running, config_dir))
     roots = [_resolved(config_dir, ".")] + [_resolved(config_dir, value) for _, value in read]
     roots += [os.path.realpath(file) for file in _policy_files(read, config_dir) or ()]
-    issues = []
+    issues: list[ConfigIssue] = []
+    walked: set[str] = set()  # a policy path named again is checked (walked) once
     for loc, value in _named(candidate, config_dir):
+        if loc[0] == "policy":
+            if value in walked:
+                continue
+            walked.add(value)
         if "\0" in value:  # names no file (and resolving it raised ValueError: a 500)
             issues.append(ConfigIssue(_where(loc), None, _NUL, loc))
         elif not _inside(_resolved(config_dir, value), roots):

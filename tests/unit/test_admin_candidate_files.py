@@ -242,3 +242,27 @@ def test_a_log_directory_too_long_to_look_at_is_a_problem(tmp_path: Path) -> Non
     log = {"dir": "x" * 300, "origin": "example.com/log", "signing_key_file": "k"}
     problems = _control(tmp_path).validate(json.dumps({**BASE, "provenance": log}))
     assert any(p.startswith(f"provenance.dir {tmp_path / ('x' * 300)}: ") for p in problems)
+
+
+def test_a_policy_path_named_again_is_walked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate of 256 KiB names some 60,000 policy paths: each listing of the same
+    directory again was the check's own walk added to the loader's (the parse held)."""
+    import gateway.admin.candidate_files as candidate_files
+    from gateway.policy import PolicyIssue
+    from gateway.policy.source import discover
+
+    walked: list[list[Path]] = []
+
+    def counted(paths: list[Path]) -> tuple[list[Path], list[PolicyIssue]]:
+        walked.append(paths)
+        return discover(paths)
+
+    monkeypatch.setattr(candidate_files, "discover", counted)
+    (tmp_path / "policies").mkdir()
+    problems = _control(tmp_path).validate(
+        json.dumps({**BASE, "policy": {"paths": ["policies"] * 1000}})
+    )
+    assert problems, problems  # no *.yaml files there: the loader's problem
+    assert len(walked) == 1, len(walked)
