@@ -14,6 +14,7 @@ import pytest
 from gateway.admin.app import AdminControl
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
+from gateway.policy import PolicyIssue
 from tests.helpers.gateways import backend
 from tests.helpers.reload_files import versioned_policy
 
@@ -250,7 +251,6 @@ def test_a_policy_path_named_again_is_walked_once(
     """A candidate of 256 KiB names some 60,000 policy paths: each listing of the same
     directory again was the check's own walk added to the loader's (the parse held)."""
     import gateway.admin.candidate_files as candidate_files
-    from gateway.policy import PolicyIssue
     from gateway.policy.source import discover
 
     walked: list[list[Path]] = []
@@ -266,3 +266,24 @@ def test_a_policy_path_named_again_is_walked_once(
     )
     assert problems, problems  # no *.yaml files there: the loader's problem
     assert len(walked) == 1, len(walked)
+
+
+def test_a_policy_path_named_again_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy set listed a directory once per time a config named it (its stamps and
+    its read): a candidate naming one directory with 50 subdirectories 20,000 times (240
+    KB) held the parse for 38 s of CPU; 0.7 s once each is listed once."""
+    import gateway.policy.source as source
+
+    walked: list[Path] = []
+    walk = source._walk
+
+    def counted(root: Path, skip_tests: bool) -> tuple[list[Path], list[PolicyIssue]]:
+        walked.append(root)
+        return walk(root, skip_tests)
+
+    monkeypatch.setattr(source, "_walk", counted)
+    (tmp_path / "policies").mkdir()
+    _control(tmp_path).validate(json.dumps({**BASE, "policy": {"paths": ["policies"] * 1000}}))
+    assert len(walked) == 2, len(walked)  # the candidate's check, then the policy loader
