@@ -69,7 +69,10 @@ class TrustPolicies:
         self._clock = clock
         self._log = get_logger("owngate.policy")
         settings = config.policy
-        self._paths = [config_dir / p for p in settings.paths] if settings else []
+        # Each once: a config (a candidate sent to the admin API: some 20,000 in 256 KiB)
+        # naming a directory again had it listed again, twice (stamps, then the read)
+        paths = [config_dir / p for p in settings.paths] if settings else []
+        self._paths = list(dict.fromkeys(paths))
         self.reload_interval_s = settings.reload_interval_s if settings else 1.0
         self.last_error: str | None = None
         self.reload_failures = 0

@@ -14,6 +14,7 @@ import pytest
 from gateway.admin.app import AdminControl
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
+from gateway.policy import PolicyIssue
 from tests.helpers.gateways import backend
 from tests.helpers.reload_files import versioned_policy
 
@@ -148,3 +149,141 @@ def test_the_files_the_running_config_reads_are_still_validated(tmp_path: Path) 
         problems = control.validate(json.dumps({**BASE, **named}))
         assert any(shown in problem for problem in problems), problems
         assert not any("outside the files" in problem for problem in problems), problems
+
+
+def test_a_high_water_file_is_confined_under_a_relative_config_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`owngate serve --config deploy/gateway.yaml` runs with a relative config
+    directory. The high-water file was checked as `high_water_path` (already joined to
+    it) joined to it again, `deploy/deploy/../x`, so `../x` passed for a file under
+    `deploy/` and the gateway read `x` beside it: its first line came back quoted."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "host.txt").write_text(f"{SECRET}\n1\n{'A' * 43}=\n\n- x\n")
+    log = {"dir": "log", "origin": "example.com/log", "signing_key_file": "k"}
+    candidate = {**BASE, "provenance": {**log, "high_water_file": "../host.txt"}}
+    problems = _control(Path("deploy")).validate(json.dumps(candidate))
+    assert not any(SECRET in problem for problem in problems), problems
+    refused = "candidate:provenance.high_water_file: '../host.txt' is outside the files"
+    assert any(problem.startswith(refused) for problem in problems), problems
+
+
+def test_a_high_water_file_under_the_config_directory_is_not_quoted(tmp_path: Path) -> None:
+    """A file of the gateway's own (a provider's credentials mounted beside the config)
+    named as a candidate's high-water file: its second line, a secret, was quoted as a
+    checkpoint size that is not a decimal number."""
+    config_dir = tmp_path / "config"
+    (config_dir / "secrets").mkdir(parents=True)
+    (config_dir / "secrets" / "credentials").write_text(
+        f"[default]\naws_secret_access_key = {SECRET}\nregion = eu\n\n[other]\n"
+    )
+    log = {"dir": "log", "origin": "example.com/log", "signing_key_file": "k"}
+    candidate = {**BASE, "provenance": {**log, "high_water_file": "secrets/credentials"}}
+    problems = _control(config_dir).validate(json.dumps(candidate))
+    assert any("does not hold a checkpoint" in problem for problem in problems), problems
+    assert not any(SECRET in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    "named",
+    [
+        {"keys_file": "a\0b"},
+        {"policy": {"paths": ["a\0b"]}},
+        {"provenance": {"dir": "a\0b", "origin": "example.com/log", "signing_key_file": "k"}},
+    ],
+)
+def test_a_path_holding_a_nul_byte_is_a_problem(tmp_path: Path, named: dict[str, object]) -> None:
+    # Before: resolving it raised ValueError, the admin API's 500 (internal error)
+    problems = _control(tmp_path).validate(json.dumps({**BASE, **named}))
+    assert any("a path may not hold a NUL byte" in problem for problem in problems), problems
+
+
+def test_a_link_to_a_host_file_inside_a_named_directory_is_outside(tmp_path: Path) -> None:
+    """Only the path named was resolved: a directory under the config's holding a link to
+    a host file (a link to a directory is never walked, one to a file is read) had that
+    file read, and its key name, the secret, quoted."""
+    host = _host_files(tmp_path / "host")
+    config_dir = tmp_path / "config"
+    (config_dir / "policies").mkdir(parents=True)
+    (config_dir / "policies" / "spec.yaml").symlink_to(host / "spec.yaml")
+    problems = _control(config_dir).validate(
+        json.dumps({**BASE, "policy": {"paths": ["policies"]}})
+    )
+    assert not any(SECRET in problem for problem in problems), problems
+    assert len(problems) == 1 and "a link to a file outside" in problems[0], problems
+
+
+def test_a_link_the_running_config_reads_is_still_validated(tmp_path: Path) -> None:
+    """A link in the running config's own policy directory (to a file shared elsewhere)
+    is a file the running config reads: a candidate naming that directory is checked."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "p.yaml").write_text(versioned_policy("1", "eu"))
+    config_dir = tmp_path / "config"
+    (config_dir / "policies").mkdir(parents=True)
+    (config_dir / "policies" / "p.yaml").symlink_to(shared / "p.yaml")
+    running: dict[str, object] = {**BASE, "policy": {"paths": ["policies"]}}
+    control = _control(config_dir, running)
+    (shared / "p.yaml").write_text("apiVersion: nope-4\nkind: Policy\n")
+    problems = control.validate(json.dumps(running))
+    assert any("nope-4" in problem for problem in problems), problems
+    assert not any("outside the files" in problem for problem in problems), problems
+
+
+def test_a_policy_path_too_long_to_list_is_a_problem(tmp_path: Path) -> None:
+    # Listing a named policy directory's files (to resolve each) raised OSError for a
+    # name past the filesystem's limit: the admin API's 500
+    problems = _control(tmp_path).validate(json.dumps({**BASE, "policy": {"paths": ["x" * 300]}}))
+    assert problems == [f"candidate:policy.paths[0]: {'x' * 300!r} cannot be listed"], problems
+
+
+def test_a_log_directory_too_long_to_look_at_is_a_problem(tmp_path: Path) -> None:
+    # Before: the preflight's `exists()` raised OSError (ENAMETOOLONG): the admin API's 500
+    log = {"dir": "x" * 300, "origin": "example.com/log", "signing_key_file": "k"}
+    problems = _control(tmp_path).validate(json.dumps({**BASE, "provenance": log}))
+    assert any(p.startswith(f"provenance.dir {tmp_path / ('x' * 300)}: ") for p in problems)
+
+
+def test_a_policy_path_named_again_is_walked_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A candidate of 256 KiB names some 60,000 policy paths: each listing of the same
+    directory again was the check's own walk added to the loader's (the parse held)."""
+    import gateway.admin.candidate_files as candidate_files
+    from gateway.policy.source import discover
+
+    walked: list[list[Path]] = []
+
+    def counted(paths: list[Path]) -> tuple[list[Path], list[PolicyIssue]]:
+        walked.append(paths)
+        return discover(paths)
+
+    monkeypatch.setattr(candidate_files, "discover", counted)
+    (tmp_path / "policies").mkdir()
+    problems = _control(tmp_path).validate(
+        json.dumps({**BASE, "policy": {"paths": ["policies"] * 1000}})
+    )
+    assert problems, problems  # no *.yaml files there: the loader's problem
+    assert len(walked) == 1, len(walked)
+
+
+def test_a_policy_path_named_again_is_read_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The policy set listed a directory once per time a config named it (its stamps and
+    its read): a candidate naming one directory with 50 subdirectories 20,000 times (240
+    KB) held the parse for 38 s of CPU; 0.7 s once each is listed once."""
+    import gateway.policy.source as source
+
+    walked: list[Path] = []
+    walk = source._walk
+
+    def counted(root: Path, skip_tests: bool) -> tuple[list[Path], list[PolicyIssue]]:
+        walked.append(root)
+        return walk(root, skip_tests)
+
+    monkeypatch.setattr(source, "_walk", counted)
+    (tmp_path / "policies").mkdir()
+    _control(tmp_path).validate(json.dumps({**BASE, "policy": {"paths": ["policies"] * 1000}}))
+    assert len(walked) == 2, len(walked)  # the candidate's check, then the policy loader

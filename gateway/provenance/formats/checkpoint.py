@@ -62,7 +62,9 @@ class Checkpoint:
             raise MalformedError("checkpoint needs origin, size and root hash lines")
         origin, size_text, root_text, *extensions = lines[:-1]
         if not size_text.isdecimal() or not size_text.isascii():
-            raise MalformedError(f"checkpoint size {size_text!r} is not a decimal number")
+            # Not quoted: a high-water file read by a candidate config (admin API) may be
+            # any file of the gateway's, whose second line is then a secret's
+            raise MalformedError("checkpoint size (its second line) is not a decimal number")
         if len(size_text) > len(str(MAX_TREE_SIZE)):
             raise MalformedError("checkpoint size is outside 0..2^64-1")
         if size_text != str(int(size_text)):

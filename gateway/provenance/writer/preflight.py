@@ -55,7 +55,10 @@ def preflight(
         except ProvenanceError as exc:
             problems.append(f"witness key {vkey!r}: {exc}")
     if directory is not None:
-        found = _directory(directory, origin)
+        try:
+            found = _directory(directory, origin)
+        except OSError as exc:  # a name past the filesystem's limit: no 500 of the admin API
+            found = [f"provenance.dir {directory}: cannot read: {exc.strerror}"]
         if high_water is not None and not found:
             found = _high_water(HighWater(high_water), directory, origin)
         problems += found
