@@ -5,10 +5,11 @@ budget for whole answers, and the check that a whole answer is whole.
 A backend is trusted to serve, not to be well-behaved: an error body is read up to
 64 KiB and only by the attempt's first-byte deadline (one that trickles in must not hold
 the failover past the request's deadline); a JSON answer whose body ended with the
-connection (no length, not chunked) is whole only if it parses, as a backend that died
-mid-answer closes the connection too; one of more arrays and objects than the gateway
-parses (`usage_read.MAX_CONTAINERS`) cannot be checked and counts as cut short (it held
-the event loop 6.8 s for a 15 MiB `[],[],...`, with the collector running).
+connection (no length, not chunked) is whole only if it parses as its client's
+`json.loads` reads it, as a backend that died mid-answer closes the connection too; one
+of more arrays and objects than the gateway parses (`usage_read.MAX_CONTAINERS`) cannot
+be checked and counts as cut short (it held the event loop 6.8 s for a 15 MiB
+`[],[],...`, with the collector running).
 
 Every whole answer the gateway holds (and every error body it reads) is counted against
 `limits.max_held_answer_bytes`, one budget for all requests of the process (`answers` of
@@ -30,7 +31,7 @@ import json
 from typing import Final
 
 from gateway.api.trail import usage_in
-from gateway.api.usage_read import PastBounds, parses, read_json, utf8_document
+from gateway.api.usage_read import PastBounds, read_json, utf8_document
 from gateway.body_budget import Held, hold_answer
 from gateway.errors import GatewayError
 from gateway.provenance import Usage
@@ -40,8 +41,8 @@ __all__ = [
     "MAX_ERROR_BODY",
     "check_readable",
     "check_status",
-    "check_whole",
     "cover_answer",
+    "ended_by_close",
     "read_error_body",
     "read_held",
 ]
@@ -98,21 +99,11 @@ async def read_error_body(response: UpstreamResponse, by: float, held: Held | No
         return b""
 
 
-def check_whole(response: UpstreamResponse, data: bytes) -> None:
-    """Raise `UpstreamError("closed")` when `data`, a JSON answer the close ended, does
-    not parse: it was cut short (the caller fails over, as for a framed body that broke
-    off); or when it holds too many arrays and objects to parse on the event loop: it
-    cannot be told whole."""
-    if not response.ended_by_close or not _is_json(response.header(b"content-type")):
-        return
-    try:
-        whole = parses(data)
-    except PastBounds:
-        raise UpstreamError(
-            "closed", "the answer ended with the connection, too many values to check it whole"
-        ) from None
-    if not whole:
-        raise UpstreamError("closed", "the answer ended with the connection, cut short")
+def ended_by_close(response: UpstreamResponse) -> bool:
+    """Whether `response` is a JSON answer the close ended (no length, not chunked): a
+    backend that died mid-answer ends it the same way, so only its parse tells it whole
+    (`check_readable`'s `closed`)."""
+    return response.ended_by_close and _is_json(response.header(b"content-type"))
 
 
 # Statuses whose answer has no body whatever its headers say (RFC 9110): no OpenAI client
@@ -121,6 +112,8 @@ _NO_BODY: Final = frozenset({204, 205, 304})
 _JSON_SPACE: Final = b" \t\r\n"
 _NOT_OBJECT: Final = "a body that is not a JSON object"
 _NOT_PARSED: Final = "a JSON object that does not parse"
+_CUT_SHORT: Final = "the answer ended with the connection, cut short"
+_PAST_BOUNDS: Final = "the answer ended with the connection, past the bounds to check it whole"
 
 
 def check_status(status: int) -> None:
@@ -138,7 +131,7 @@ def check_status(status: int) -> None:
         raise UpstreamError("shape", f"a redirect (HTTP {status}), not followed")
 
 
-def check_readable(data: bytes, *, counted: bool = True) -> Usage | None:
+def check_readable(data: bytes, *, counted: bool = True, closed: bool = False) -> Usage | None:
     """The usage of a 2xx whole answer as its client's `json.loads(bytes)` reads it
     (`counted`; else None: no record wants it), read before the client sees a byte; raise
     `UpstreamError("shape")` when it is one no OpenAI client reads as the completion,
@@ -150,15 +143,25 @@ def check_readable(data: bytes, *, counted: bool = True) -> Usage | None:
     shape does (the next backend may serve, else 502). One past the read bounds
     (`PastBounds`) is refused only when it does not open an object: its client may read
     it (its usage is unknown). The answer's one parse: the record's usage is read from
-    it (`Trail.read_as`), never again."""
+    it (`Trail.read_as`), never again.
+
+    `closed`: a JSON answer the close ended (`ended_by_close`). One that does not parse
+    was cut short by a backend that died, and one past the bounds cannot be told whole:
+    `UpstreamError("closed")`, as for a framed body that broke off. Read as the client
+    reads it (`NaN`, UTF-16: orjson alone refused those, and failed answers the client
+    reads)."""
     try:
         text = utf8_document(data)
         doc = read_json(text)
     except PastBounds:
+        if closed:
+            raise UpstreamError("closed", _PAST_BOUNDS) from None
         if not _opens_object(data):
             raise UpstreamError("shape", _NOT_OBJECT) from None
         return None
     except ValueError:
+        if closed:
+            raise UpstreamError("closed", _CUT_SHORT) from None
         unread = _NOT_PARSED if _opens_object(data) else _NOT_OBJECT
         raise UpstreamError("shape", unread) from None
     if not isinstance(doc, dict):

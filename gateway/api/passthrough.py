@@ -42,7 +42,7 @@ from typing import Any, Final
 from gateway.api.answer_reads import (
     check_readable,
     check_status,
-    check_whole,
+    ended_by_close,
     read_error_body,
     read_held,
 )
@@ -319,8 +319,9 @@ class PrivateRelay:
             data = await self._read_whole(exchange, backend, response)
             if exchange.stream:  # stream: true on embeddings: no SSE client's answer either
                 data = self._without_comments(backend.id, data)
-            # no client reads an empty or non-JSON "success"
-            usage = check_readable(data, counted=exchange.trail is not None)
+            # no client reads an empty or non-JSON "success", nor a cut one
+            closed = ended_by_close(response)
+            usage = check_readable(data, counted=exchange.trail is not None, closed=closed)
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
@@ -356,11 +357,8 @@ class PrivateRelay:
     async def _read_whole(
         self, exchange: Exchange, backend: BackendState, response: UpstreamResponse
     ) -> bytes:
-        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`.
-
-        A JSON answer whose body ended with the connection (no length, not chunked) and
-        does not parse was cut short by a backend that died: `UpstreamError("closed")`,
-        as for a framed body that broke off (nothing reached the client: failover)."""
+        """A whole answer, within `limits.max_response_bytes` and `response_timeout_s`
+        (one the close ended is told whole by its parse: `check_readable`)."""
         limit = backend.pool.max_body if backend.pool else 0
         try:
             # Past the budget for whole answers: `GatewayError` 429, no failover, the
@@ -377,7 +375,6 @@ class PrivateRelay:
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "
                 "limits.max_response_bytes)",
             ) from exc
-        check_whole(response, data)
         return data
 
     def _attester(self, backend: BackendState) -> Attester | None:

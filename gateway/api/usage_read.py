@@ -48,7 +48,6 @@ __all__ = [
     "PastBounds",
     "counts_in",
     "counts_of",
-    "parses",
     "read_json",
     "utf8_document",
 ]
@@ -108,17 +107,6 @@ def read_json(data: bytes, *, line: bool = False) -> Any:
             else:
                 raise PastBounds("nested too deep")
     return _read_refused(data, line=line)
-
-
-def parses(data: bytes) -> bool:
-    """Whether orjson parses `data` (a whole answer, to tell whether it was cut short),
-    within the same bound on arrays and objects (`PastBounds` past it)."""
-    with no_collection(_containers(data)):
-        try:
-            orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return False
-    return True
 
 
 def _containers(data: bytes) -> int:

@@ -47,6 +47,11 @@ def _chunked(status: int, body: bytes, *headers: bytes) -> bytes:
     return head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
 
 
+def _ended_by_close(body: bytes) -> bytes:
+    """A 200 JSON answer with no length and no chunks: the backend's close ends it."""
+    return b"HTTP/1.1 200 OK\r\n%s\r\nconnection: close\r\n\r\n%s" % (JSON, body)
+
+
 # (the backend's answer, the request)
 REFUSED: dict[str, tuple[bytes, dict[str, object]]] = {
     **{
@@ -134,15 +139,20 @@ def test_the_next_backend_serves_after_a_redirect_or_an_unparsable_object(
     ],
     ids=["trailing-whitespace", "nan", "past-double", "utf-8-bom", "utf-16"],
 )
+@pytest.mark.parametrize("closed", [False, True], ids=["framed", "ended-by-close"])
 def test_an_object_the_clients_parser_reads_is_relayed_as_written(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     body: bytes,
+    closed: bool,
 ) -> None:
     """What `json.loads(bytes)` (httpx's `response.json()`, the OpenAI SDK's) reads is an
-    answer, though orjson refuses some of it; and its usage is recorded as it read it."""
-    raw = start_raw(writes(whole_answer(200, body, JSON)))
+    answer, though orjson refuses some of it; and its usage is recorded as it read it.
+    Ended by the close (no length, not chunked), it is whole as the client reads it too:
+    orjson alone told it whole before, so the answer was failed as cut short (503)."""
+    answer = _ended_by_close(body) if closed else whole_answer(200, body, JSON)
+    raw = start_raw(writes(answer))
     gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
     received = client_gets(gateway, WHOLE)
     assert received.status == 200, received.body

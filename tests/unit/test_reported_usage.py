@@ -157,3 +157,26 @@ def test_an_answer_json_loads_refuses_is_of_the_wrong_shape(whole: bytes) -> Non
         with pytest.raises(UpstreamError) as info:
             check_readable(whole, counted=counted)
         assert info.value.kind == "shape"
+
+
+@pytest.mark.parametrize(
+    ("whole", "kind"),
+    [
+        (orjson.dumps({"usage": GOOD})[:-1], "closed"),  # cut short by a backend that died
+        (b"<html>", "closed"),
+        (b"", "closed"),
+        (orjson.dumps([GOOD]), "shape"),  # whole, and no object
+        (b'{"usage":' + orjson.dumps(GOOD) + b',"x":NaN}', None),  # json.loads reads it
+        (json.dumps({"usage": GOOD}).encode("utf-16"), None),
+    ],
+)
+def test_an_answer_the_close_ended_is_whole_as_the_client_reads_it(
+    whole: bytes, kind: str | None
+) -> None:
+    """`closed`: a JSON answer no framing ended, told whole by the same one parse."""
+    if kind is None:
+        assert check_readable(whole, closed=True) == Usage(3, 1, 4)
+        return
+    with pytest.raises(UpstreamError) as info:
+        check_readable(whole, closed=True)
+    assert info.value.kind == kind
