@@ -18,6 +18,7 @@ from gateway.attest.notary import COUNTER_BLOCK, COUNTER_FILE, Notary, rfc3339_m
 from gateway.provenance import Signer, write_signing_key
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.formats.attestation import Statement, open_countersignature, sign_statement
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.provenance.formats.records import format_time
 from gateway.provenance.testing import seeded_signer
 
@@ -77,6 +78,25 @@ def test_a_key_name_that_json_escapes_or_is_not_ascii_is_in_the_reference_bytes(
     loop = asyncio.new_event_loop()
     try:
         _check(signer, _Log(7, loop), "chatcmpl-abc", "ab" * 32, "cd" * 32, [10**18])
+    finally:
+        loop.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.from_regex(REQUEST_ID, fullmatch=True),
+    st.one_of(st.integers(0, 2**53), st.integers(2**53 - 16, 2**53)),
+    _NS,
+)
+def test_any_request_id_the_relay_admits_and_any_counter_are_the_reference_bytes(
+    request_id: str, counter: int, ns: int
+) -> None:
+    """Every id in a record's form (the relay's gate, `REQUEST_ID`: the template escapes
+    nothing) and counters up to 2**53 (`%d` is JCS's number form there)."""
+    loop = asyncio.new_event_loop()
+    try:
+        signer = seeded_signer("gpu-a.example/attest", 3)
+        _check(signer, _Log(counter, loop), request_id, "ab" * 32, "cd" * 32, [ns])
     finally:
         loop.close()
 
