@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -217,3 +218,41 @@ def test_without_its_counter_file_a_sidecar_goes_on_past_its_last_logged_counter
     (tmp_path / "log" / COUNTER_FILE).unlink()
     after = asyncio.run(run(1, crash=False))
     assert after == [logged[0] + 1]
+
+
+def test_no_statement_is_signed_with_a_counter_past_2_53(tmp_path: Path) -> None:
+    """A statement's counter is at most 2**53 (`Statement`; JCS numbers): the template's
+    %d (as orjson before it) wrote a larger one as is, a statement every gateway refuses
+    as malformed. A counter file past it stops the start; at 2**53 one statement is
+    signed, then none (before: 2**53 + 1 signed and logged)."""
+    key = tmp_path / "sidecar.key"
+    write_signing_key(key, "sidecar")
+    settings = AttestSettings(backend="http://127.0.0.1:9", key_file=key, log_dir=tmp_path / "log")
+    (tmp_path / "log").mkdir()
+    counters = tmp_path / "log" / COUNTER_FILE
+    commitment = "ab" * 32
+
+    async def start(bound: int) -> tuple[AttestRelay, str | None]:
+        counters.write_text(f"{bound}\n")
+        relay = AttestRelay(settings)
+        return relay, await relay.open()
+
+    async def past() -> str | None:
+        relay, error = await start(2**53 + 1)
+        await relay.close()
+        return error
+
+    assert f"{counters} does not hold a counter" in str(asyncio.run(past()))
+
+    async def at_the_last() -> list[int]:
+        relay, error = await start(2**53)
+        assert error is None
+        try:
+            first = open_countersignature(relay.notary.countersign(b"r", commitment, commitment))
+            with pytest.raises(OSError, match="no statement counter left"):
+                relay.notary.countersign(b"r", commitment, commitment)
+        finally:
+            await relay.close()
+        return [first.statement.counter]
+
+    assert asyncio.run(at_the_last()) == [2**53]
