@@ -56,7 +56,9 @@ _PAE_PREFIX = pae(ATTESTATION_PAYLOAD_TYPE, b"")[: -len(b"0 ")]  # b"DSSEv1 N ty
 # The statement's canonical JSON (RFC 8785: keys in code-unit order, no blanks) with its
 # fields formatted in: what `canonical_json_of_plain(record)` writes for the relay's inputs
 # (a request id in a record's form, hex digests, the time: none needs escaping; the key's
-# JSON is made once), without building and encoding a dict per request.
+# JSON is made once), without building and encoding a dict per request. It escapes
+# nothing: the relay's `REQUEST_ID` check is what keeps a client's text out of it
+# (tests/unit/test_attest_request_id_gate.py), and a counter stays within 2**53.
 _PAYLOAD = (
     '{"counter":%d,"key":%s,"request_commitment":"%s","request_id":"%s",'
     '"response_commitment":"%s","time":"%s","type":"attestation","v":1}'
