@@ -66,7 +66,7 @@ from pathlib import Path
 from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged_counter
 from gateway.attest.protocol import Connection, Request
 from gateway.attest.request import forwarded
-from gateway.body_budget import BodyBudget, Held, hold_answer
+from gateway.body_budget import RETRY_AFTER, BodyBudget, Held, hold_answer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.log_tally import Tally
 from gateway.logs import get_logger
@@ -231,6 +231,7 @@ class AttestRelay:
             raise GatewayError(
                 ErrorCode.provenance_unavailable,
                 "the attestation log cannot be written; requests are refused until it can",
+                headers=(RETRY_AFTER,),  # as the gateway's: the disk is retried each second
             )
         headers = forwarded(request.headers)  # what reaches the backend (request.py)
         request_id = salts_value = None

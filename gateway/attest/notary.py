@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import errno
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.canonical import canonical_json_of_plain
+from gateway.canonical import MAX_SAFE_INTEGER, canonical_json_of_plain
 from gateway.logs import get_logger
 from gateway.provenance import LogEntry, ProvenanceLog, Signer
 from gateway.provenance.audit.reader import LogDirectory
@@ -55,7 +56,9 @@ _PAE_PREFIX = pae(ATTESTATION_PAYLOAD_TYPE, b"")[: -len(b"0 ")]  # b"DSSEv1 N ty
 # The statement's canonical JSON (RFC 8785: keys in code-unit order, no blanks) with its
 # fields formatted in: what `canonical_json_of_plain(record)` writes for the relay's inputs
 # (a request id in a record's form, hex digests, the time: none needs escaping; the key's
-# JSON is made once), without building and encoding a dict per request.
+# JSON is made once), without building and encoding a dict per request. It escapes
+# nothing: the relay's `REQUEST_ID` check is what keeps a client's text out of it
+# (tests/unit/test_attest_request_id_gate.py), and a counter stays within 2**53.
 _PAYLOAD = (
     '{"counter":%d,"key":%s,"request_commitment":"%s","request_id":"%s",'
     '"response_commitment":"%s","time":"%s","type":"attestation","v":1}'
@@ -119,7 +122,10 @@ class CounterFile:
             text = self.path.read_bytes().strip()
         except FileNotFoundError:
             return 0
-        if not (text.isdigit() and len(text) <= 16):
+        # A statement's counter is at most 2**53 (JCS numbers): `_PAYLOAD`'s %d would
+        # write a larger one as is, which no gateway accepts (and a JCS verifier reads as
+        # another number), so a bound past it stops the sidecar.
+        if not (text.isdigit() and len(text) <= 16) or int(text) > MAX_SAFE_INTEGER:
             raise ValueError(f"{self.path} does not hold a counter")
         return int(text)
 
@@ -157,6 +163,8 @@ class Notary:
         if counters is not None:
             self._next = max(self._next, counters.read())
             self._reserve()
+        if self._next > MAX_SAFE_INTEGER:
+            raise ValueError(f"no statement counter left (the next is {self._next} > 2**53)")
         self._events = get_logger("owngate.attest")
         # Statements handed out that the log then refused for good (a disk that did not
         # take them again before the sidecar stopped): the stop reports them (exit 4).
@@ -224,7 +232,9 @@ class Notary:
 
     def _reserve(self) -> None:
         assert self._counters is not None
-        bound = self._next + COUNTER_BLOCK
+        if self._next > MAX_SAFE_INTEGER:  # what a statement's counter may be: nothing signed
+            raise OSError(errno.EOVERFLOW, "no statement counter left past 2**53")
+        bound = min(self._next + COUNTER_BLOCK, MAX_SAFE_INTEGER + 1)
         self._counters.write(bound)
         self._reserved = bound
 

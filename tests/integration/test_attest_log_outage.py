@@ -1,7 +1,8 @@
 """The attest sidecar when its log's disk fails (docs/provenance.md, layer 3: "While its
 log cannot be written the sidecar answers 503 `provenance_unavailable`"): answers
 countersigned before it knew are kept and written once the disk takes writes again, new
-requests are refused 503 and reach no backend while it cannot write, and in the end every
+requests are refused 503 (with `retry-after: 1`, as the gateway's own) and reach no
+backend while it cannot write, and in the end every
 countersignature it handed out is in its log, once. The disk fails as in
 test_provenance_full_disk.py (the write-ahead segment's writes fail with EIO while a
 flag is set).
@@ -62,6 +63,8 @@ def test_every_countersignature_handed_out_across_a_disk_outage_is_logged(
         until(lambda: ask() == 503, "the sidecar refusing while its log cannot be written")
         error = refused[-1].json()["error"]
         assert error["code"] == "provenance_unavailable", error
+        # as the gateway's own 503 for its log: the disk is retried each second
+        assert refused[-1].headers.get("retry-after") == "1", refused[-1].headers
         relayed = served(sim)
         assert ask() == 503 and served(sim) == relayed  # refused before the backend
         disk.failing = False

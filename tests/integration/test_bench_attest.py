@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from owngate_bench import attest
-from owngate_bench.attest import TARGETS, _figures, _render
+from owngate_bench.attest import TARGETS
+from owngate_bench.attest_report import figures, render
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.prerequisites import real_backend
 
@@ -85,7 +86,7 @@ def test_each_target_of_the_issue_gets_a_verdict_line() -> None:
         "added_p50_ms": {"sidecar": 0.2, "gateway+sidecar": None},
         "audit": None,
     }
-    lines = _render(report).splitlines()
+    lines = render(report).splitlines()
     assert any(line.strip().startswith("met") and "(sidecar): +0.200 ms" in line for line in lines)
     assert any(line.strip().startswith("n/a") and "(gateway+sidecar): -" in line for line in lines)
     cpu = [line.strip() for line in lines if "sidecar CPU per request" in line]
@@ -109,7 +110,7 @@ def test_attest_verdicts_agree_with_the_figures_they_print() -> None:
         "added_p50_ms": {"sidecar": 0.3004, "gateway+sidecar": 0.1},
         "audit": None,
     }
-    lines = [line.strip() for line in _render(report).splitlines()]
+    lines = [line.strip() for line in render(report).splitlines()]
     added = next(line for line in lines if "added by the sidecar (sidecar)" in line)
     assert added.startswith("NOT MET") and "+0.3004 ms" in added
     cpu = [line for line in lines if "sidecar CPU per request" in line]
@@ -128,7 +129,7 @@ def test_a_target_with_errors_gets_no_verdict() -> None:
             "cpu_s": {"sidecar": 0.005},
         }
 
-    found = _figures({"direct": result(0.1), "sidecar": result(0.2, errors=50)})
+    found = figures({"direct": result(0.1), "sidecar": result(0.2, errors=50)})
     assert found["added_p50_ms"]["sidecar"] is None
     report = {
         "concurrency": 1,
@@ -138,7 +139,7 @@ def test_a_target_with_errors_gets_no_verdict() -> None:
         **found,
         "audit": None,
     }
-    lines = [line.strip() for line in _render(report).splitlines()]
+    lines = [line.strip() for line in render(report).splitlines()]
     assert not any(line.startswith("met") for line in lines), lines
     cpu = next(line for line in lines if "sidecar CPU per request (sidecar)" in line)
     assert cpu.startswith("n/a")
@@ -146,7 +147,7 @@ def test_a_target_with_errors_gets_no_verdict() -> None:
     added = next(line for line in lines if "p50 added by the sidecar (sidecar)" in line)
     assert added.startswith("n/a"), added
     assert added.endswith(": not measured, sidecar answered 50 request(s) with errors"), added
-    clean = _figures({"direct": result(0.1), "sidecar": result(0.2)})
+    clean = figures({"direct": result(0.1), "sidecar": result(0.2)})
     assert abs(clean["added_p50_ms"]["sidecar"] - 0.1) < 1e-9
 
 
@@ -181,24 +182,24 @@ def test_figures_are_medians_of_interleaved_repetitions(monkeypatch: pytest.Monk
         {"direct": result(0.5), "sidecar": result(1.0)},
         {"direct": result(2.0), "sidecar": result(2.2)},
     ]
-    found = _figures(runs)
+    found = figures(runs)
     assert found["reps"] == 3
     assert found["added_p50_ms"]["sidecar"] == pytest.approx(0.2)
     assert found["targets"]["sidecar"]["p50_ms"] == pytest.approx(1.1)
     assert found["targets"]["sidecar"]["requests"] == 300
     runs[1]["sidecar"] = result(1.0, errors=3)  # errors in one repetition: no figure
-    assert _figures(runs)["added_p50_ms"]["sidecar"] is None
+    assert figures(runs)["added_p50_ms"]["sidecar"] is None
     runs[1]["sidecar"] = {"error": "loadgen exited 1"}  # a failed repetition: failed
-    assert _figures(runs)["targets"]["sidecar"] is None
+    assert figures(runs)["targets"]["sidecar"] is None
     report = {
         "concurrency": 1,
         "stream": False,
         "backend_name": "zero-latency simulator",
         "machine_busy": 0.5,
-        **_figures(runs),
+        **figures(runs),
         "audit": None,
     }
-    lines = [line.strip() for line in _render(report).splitlines()]
+    lines = [line.strip() for line in render(report).splitlines()]
     assert "(sidecar): - (target <= 0.3 ms): not measured, sidecar failed in a repetition" in (
         "\n".join(lines)
     )

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from gateway.attest.notary import COUNTER_BLOCK, COUNTER_FILE, Notary, rfc3339_m
 from gateway.provenance import Signer, write_signing_key
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.formats.attestation import Statement, open_countersignature, sign_statement
+from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.provenance.formats.records import format_time
 from gateway.provenance.testing import seeded_signer
 
@@ -77,6 +79,25 @@ def test_a_key_name_that_json_escapes_or_is_not_ascii_is_in_the_reference_bytes(
     loop = asyncio.new_event_loop()
     try:
         _check(signer, _Log(7, loop), "chatcmpl-abc", "ab" * 32, "cd" * 32, [10**18])
+    finally:
+        loop.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.from_regex(REQUEST_ID, fullmatch=True),
+    st.one_of(st.integers(0, 2**53), st.integers(2**53 - 16, 2**53)),
+    _NS,
+)
+def test_any_request_id_the_relay_admits_and_any_counter_are_the_reference_bytes(
+    request_id: str, counter: int, ns: int
+) -> None:
+    """Every id in a record's form (the relay's gate, `REQUEST_ID`: the template escapes
+    nothing) and counters up to 2**53 (`%d` is JCS's number form there)."""
+    loop = asyncio.new_event_loop()
+    try:
+        signer = seeded_signer("gpu-a.example/attest", 3)
+        _check(signer, _Log(counter, loop), request_id, "ab" * 32, "cd" * 32, [ns])
     finally:
         loop.close()
 
@@ -197,3 +218,41 @@ def test_without_its_counter_file_a_sidecar_goes_on_past_its_last_logged_counter
     (tmp_path / "log" / COUNTER_FILE).unlink()
     after = asyncio.run(run(1, crash=False))
     assert after == [logged[0] + 1]
+
+
+def test_no_statement_is_signed_with_a_counter_past_2_53(tmp_path: Path) -> None:
+    """A statement's counter is at most 2**53 (`Statement`; JCS numbers): the template's
+    %d (as orjson before it) wrote a larger one as is, a statement every gateway refuses
+    as malformed. A counter file past it stops the start; at 2**53 one statement is
+    signed, then none (before: 2**53 + 1 signed and logged)."""
+    key = tmp_path / "sidecar.key"
+    write_signing_key(key, "sidecar")
+    settings = AttestSettings(backend="http://127.0.0.1:9", key_file=key, log_dir=tmp_path / "log")
+    (tmp_path / "log").mkdir()
+    counters = tmp_path / "log" / COUNTER_FILE
+    commitment = "ab" * 32
+
+    async def start(bound: int) -> tuple[AttestRelay, str | None]:
+        counters.write_text(f"{bound}\n")
+        relay = AttestRelay(settings)
+        return relay, await relay.open()
+
+    async def past() -> str | None:
+        relay, error = await start(2**53 + 1)
+        await relay.close()
+        return error
+
+    assert f"{counters} does not hold a counter" in str(asyncio.run(past()))
+
+    async def at_the_last() -> list[int]:
+        relay, error = await start(2**53)
+        assert error is None
+        try:
+            first = open_countersignature(relay.notary.countersign(b"r", commitment, commitment))
+            with pytest.raises(OSError, match="no statement counter left"):
+                relay.notary.countersign(b"r", commitment, commitment)
+        finally:
+            await relay.close()
+        return [first.statement.counter]
+
+    assert asyncio.run(at_the_last()) == [2**53]
