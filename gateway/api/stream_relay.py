@@ -110,7 +110,15 @@ class StreamRelay:
                 return True
             # `writer.write(data)` written out, less the checks made above (nothing
             # between could change the connection): one chunk of chunked coding
-            cycle.transport.write(CHUNK % (len(data), data))
+            transport = cycle.transport
+            transport.write(CHUNK % (len(data), data))
+            if transport.is_closing():
+                # The write found the connection reset: uvloop sent none of it and tells
+                # the protocol only a turn later. This callback may run before the loop
+                # read the client's reset in the same turn (a `[DONE]` recorded as read,
+                # 200, by a client that left, 499): nothing of it is committed to.
+                writer.closing()  # (marks the client lost, as `write` does)
+                return True
             # `relayed(exchange, data)`, written out, less the tail the trail keeps
             exchange.relayed_before, exchange.last_relayed = exchange.last_relayed, data
             if trail is not None:
