@@ -40,11 +40,15 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    first_sent = threading.Event()  # the first chunk went by `send`
+
     async def paced(writer: asyncio.StreamWriter, _: Post) -> bool:
         writer.write(sse_head(b"transfer-encoding: chunked\r\n"))
-        for event in [*EVENTS, DONE]:  # one write per token, as a decoding server writes
+        for n, event in enumerate([*EVENTS, DONE]):  # one write per token, as a server does
             writer.write(b"%x\r\n%b\r\n" % (len(event), event))
             await writer.drain()
+            if n == 0:  # the rest only once the first is out: a busy machine cannot merge them
+                assert await asyncio.to_thread(first_sent.wait, 30)
             await asyncio.sleep(0.005)  # pacing the backend, not waiting on the gateway
         writer.write(b"0\r\n\r\n")
         await writer.drain()
@@ -55,6 +59,7 @@ def test_a_paced_stream_goes_out_by_the_body_writer_and_its_receipt_verifies(
     async def counted(send: Send, exchange: Exchange, data: bytes) -> None:
         by_send.append(data)
         await send_relayed(send, exchange, data)
+        first_sent.set()
 
     monkeypatch.setattr(stream_relay, "send_relayed", counted)
     raw = start_raw(paced)
