@@ -33,12 +33,17 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/owngate bench overhead
 
-# Re-resolve the hash-locked requirements (needs uv: pip install uv).
+# Re-resolve the hash-locked requirements (needs uv: pip install uv), and the lock of the
+# LiteLLM proxy's virtualenv the overhead benchmark installs (bench/owngate_bench/).
+BENCH_LOCK := uv pip compile litellm-proxy.in --universal --python-version 3.11 \
+	--generate-hashes -c ../../requirements/constraints.txt -o litellm-proxy.lock
 lock:
 	cd requirements && uv pip compile ../pyproject.toml --extra dev --universal --python-version 3.11 \
 		--generate-hashes -c constraints.txt -o dev.lock
 	cd requirements && uv pip compile ../pyproject.toml --universal --python-version 3.11 \
 		--generate-hashes -c constraints.txt -o runtime.lock
+	cd bench/owngate_bench && $(BENCH_LOCK) \
+		--custom-compile-command "cd bench/owngate_bench && $(BENCH_LOCK)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

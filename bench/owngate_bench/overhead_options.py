@@ -67,14 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--litellm-version",
         default=env_flag("LITELLM_VERSION", litellm_proxy.DEFAULT_VERSION),
-        help=f"pinned litellm[proxy] release (env OWNGATE_BENCH_LITELLM_VERSION, "
-        f"{litellm_proxy.DEFAULT_VERSION})",
+        help="litellm[proxy] release; only the one litellm-proxy.lock pins is installed "
+        f"(env OWNGATE_BENCH_LITELLM_VERSION, {litellm_proxy.DEFAULT_VERSION})",
     )
     add(
         "--litellm-venv",
         type=Path,
         default=env_flag("LITELLM_VENV", ".bench/litellm-venv"),
-        help="virtualenv for LiteLLM, made on first use (env OWNGATE_BENCH_LITELLM_VENV)",
+        help="virtualenv for LiteLLM, made from litellm-proxy.lock (hashes) on first use "
+        "(env OWNGATE_BENCH_LITELLM_VENV)",
     )
     add(
         "--quick",
