@@ -11,6 +11,7 @@ renamed to (the write's rename fails with EISDIR).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import shutil
@@ -27,7 +28,14 @@ from gateway.attest import AttestSettings, AttestThread
 from gateway.attest.notary import COUNTER_FILE
 from gateway.provenance import write_signing_key
 from tests.helpers.provenance import records
-from tests.helpers.raw_backend import RawBackend, completion_body, json_answer
+from tests.helpers.raw_backend import (
+    Answer,
+    Post,
+    RawBackend,
+    completion_body,
+    json_answer,
+    sse_head,
+)
 from tests.helpers.waiting import until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -83,5 +91,62 @@ def test_a_counter_file_the_disk_refuses_is_a_503_to_retry(
     finally:
         sidecar.stop()
     assert sidecar.relay.shutdown_error is None
+    assert sidecar.listener.errors == 0  # no relay failure: a refusal, as for the log
     assert handed == [0, 1]
     assert sorted(record["counter"] for record in records(log_dir)) == handed
+
+
+STREAM = b"data: {}\n\ndata: [DONE]\n\n"
+
+
+def _stream(release: threading.Event) -> Answer:
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        writer.write(sse_head(b"content-length: %d\r\n" % len(STREAM)) + STREAM)
+        await writer.drain()
+        return False
+
+    return answer
+
+
+def test_a_stream_whose_counter_cannot_be_reserved_ends_unsigned_not_as_a_relay_failure(
+    start_raw: Callable[..., RawBackend], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stream's head is sent before its end is countersigned: the refusal can only cut
+    # it (the gateway takes a stream without its comment for a failed attempt). Before,
+    # the OSError was a relay failure: its traceback logged, counted in `errors`.
+    monkeypatch.setattr(gateway.attest.notary, "COUNTER_BLOCK", 1)
+    release = threading.Event()
+    raw = start_raw(_stream(release))
+    write_signing_key(tmp_path / "attest.key", "gpu")
+    log_dir = tmp_path / "log"
+    settings = AttestSettings(backend=raw.url, key_file=tmp_path / "attest.key", log_dir=log_dir)
+    sidecar = AttestThread(settings)
+    sidecar.start()
+
+    def ask() -> bytes | None:
+        """The stream's bytes, None when it broke off."""
+        ask = {**CHAT, "stream": True}
+        try:
+            with httpx.stream(
+                "POST", f"{sidecar.url}/v1/chat/completions", json=ask, timeout=30
+            ) as answer:
+                assert answer.status_code == 200
+                return answer.read()
+        except httpx.RemoteProtocolError:
+            return None
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            both = [pool.submit(ask) for _ in range(2)]
+            until(lambda: len(raw.posts) == 2, "both requests at the backend")
+            counter = log_dir / COUNTER_FILE
+            counter.unlink()
+            (counter / "held").mkdir(parents=True)
+            release.set()
+            bodies = [future.result() for future in both]
+    finally:
+        sidecar.stop()
+    signed = [body for body in bodies if body is not None]
+    assert len(signed) == 1 and b": owngate-attest " in signed[0], bodies
+    assert sidecar.listener.errors == 0
