@@ -22,6 +22,7 @@ from gateway.provenance import (
     load_signer,
     seal_receipts,
 )
+from gateway.provenance.keys import unambiguous
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.high_water import HighWater
 
@@ -69,6 +70,10 @@ async def open_log(
     `events` is the logger told when writes or checkpoints fail, and when they are back."""
     signer = load_signer(config_dir / settings.signing_key_file)
     previous = [load_signer(config_dir / f) for f in settings.previous_signing_key_files]
+    retired = [Verifier(vkey) for vkey in settings.retired_verifier_keys]
+    # A retired key under the signing key's name and id (config load checks the retired
+    # ones among themselves): a checkpoint or receipt line could be either's (keys.py).
+    unambiguous([signer.verifier(), *(key.verifier() for key in previous), *retired])
     batched = settings.receipts == "batch"
     log = await ProvenanceLog.open(
         config_dir / settings.dir,
@@ -87,7 +92,7 @@ async def open_log(
         # an emptied or older log directory is refused, not forked (LogForkError)
         high_water=HighWater(settings.high_water_path(config_dir), new_origin),
         # the newest checkpoint may be signed by a key a rotation retired (still this log's)
-        retired=[Verifier(vkey) for vkey in settings.retired_verifier_keys],
+        retired=retired,
     )
     rewritten = log.recovery.rewritten
     if rewritten:  # the entries hashed to the signed root; a tile held something else
@@ -100,5 +105,5 @@ async def open_log(
         log=log,
         signer=signer if not batched else None,
         verifiers=[signer.verifier(), *(key.verifier() for key in previous)],
-        retired_verifiers=[Verifier(vkey) for vkey in settings.retired_verifier_keys],
+        retired_verifiers=retired,
     )

@@ -227,12 +227,9 @@ class AttestRelay:
         if request.method == b"GET":
             await self._plain(conn, request)
             return
-        if not self.notary.writable:
-            raise GatewayError(
-                ErrorCode.provenance_unavailable,
-                "the attestation log cannot be written; requests are refused until it can",
-                headers=(RETRY_AFTER,),  # as the gateway's: the disk is retried each second
-            )
+        unwritable = self.notary.unwritable()  # before the backend works for it
+        if unwritable is not None:
+            raise _unwritable(unwritable)
         headers = forwarded(request.headers)  # what reaches the backend (request.py)
         request_id = salts_value = None
         for name, value in request.headers:
@@ -267,7 +264,7 @@ class AttestRelay:
                 extra = b""
                 if response.status < 400 and not response.ended_by_close:
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
-                    envelope = self.notary.countersign(request_id, request_commitment, digest)
+                    envelope = self._countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + _b64(envelope, newline=False) + b"\r\n"
                 conn.respond(response.status, data, content_type, extra)
                 return
@@ -333,8 +330,16 @@ class AttestRelay:
         line_end = b"\n" if last and last not in b"\r\n" else b""
         hashed.update(line_end)
         digest = commit_digest("response", salts.response, hashed.digest())
-        envelope = self.notary.countersign(request_id, request_commitment, digest)
+        envelope = self._countersign(request_id, request_commitment, digest)
         conn.end_stream(line_end + SSE_PREFIX + _b64(envelope, newline=False) + b"\n\n")
+
+    def _countersign(self, request_id: bytes, request: str, response: str) -> bytes:
+        """`Notary.countersign`; a counter file it cannot write (the reserved block used
+        up meanwhile): 503 as for the log, nothing signed (a stream is cut, unsigned)."""
+        try:
+            return self.notary.countersign(request_id, request, response)
+        except OSError as exc:
+            raise _unwritable(f"counter file ({type(exc).__name__})") from exc
 
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most
@@ -391,6 +396,15 @@ class AttestRelay:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
+
+
+def _unwritable(what: str) -> GatewayError:
+    """503 with `retry-after: 1`, as the gateway's own: the disk is retried each second."""
+    return GatewayError(
+        ErrorCode.provenance_unavailable,
+        f"the attestation {what} cannot be written; requests are refused until it can",
+        headers=(RETRY_AFTER,),
+    )
 
 
 def _cover(held: Held, size: int) -> None:

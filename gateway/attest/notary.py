@@ -170,10 +170,17 @@ class Notary:
         # take them again before the sidecar stopped): the stop reports them (exit 4).
         self.unlogged = 0
 
-    @property
-    def writable(self) -> bool:
-        """Whether the log takes entries: the sidecar refuses to serve when it does not."""
-        return self._log.last_error is None
+    def unwritable(self) -> str | None:
+        """What the sidecar cannot write (its log, or its counter file when a block must
+        be reserved and cannot be), None when it may countersign: it refuses otherwise."""
+        if self._log.last_error is not None:
+            return "log"
+        if self._next >= self._reserved:
+            try:
+                self._reserve()
+            except OSError as exc:
+                return f"counter file ({type(exc).__name__})"
+        return None
 
     def countersign(
         self, request_id: bytes, request_commitment: str, response_commitment: str

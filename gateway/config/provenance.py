@@ -14,6 +14,7 @@ from gateway.config.base import _Strict
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.cosignature import CosignatureVerifier, distinct_witnesses
 from gateway.provenance.formats.note import Verifier
+from gateway.provenance.keys import unambiguous
 
 __all__ = ["ProvenanceSettings", "WitnessSettings"]
 
@@ -146,11 +147,11 @@ class ProvenanceSettings(_Strict):
     @field_validator("retired_verifier_keys")
     @classmethod
     def _retired_keys(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for vkey in value:
-            try:
-                Verifier(vkey)
-            except KeyFormatError as exc:
-                raise ValueError(str(exc)) from exc
+        try:
+            # two keys under one name and key id: which one signed is ambiguous (keys.py)
+            unambiguous([Verifier(vkey) for vkey in value])
+        except KeyFormatError as exc:
+            raise ValueError(str(exc)) from exc
         return value
 
     @field_validator("witnesses")

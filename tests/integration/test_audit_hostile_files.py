@@ -109,6 +109,22 @@ def test_a_fifo_in_place_of_a_log_file_is_refused(copy: Path, which: str) -> Non
     assert name.rpartition("/")[2] in done.stderr
 
 
+@pytest.mark.parametrize("which", ["checkpoint", "history", "tile", "bundle", "wal"])
+def test_a_symlink_loop_in_place_of_a_log_file_is_refused_as_a_fifo_is(
+    copy: Path, which: str
+) -> None:
+    # Before: exit 2 (a usage error) with a bare "[Errno 40] Too many levels of symbolic
+    # links" where a FIFO in the same place was a failed check naming the file.
+    name = _name(copy, which)
+    (copy / name).unlink()
+    (copy / name).symlink_to((copy / name).name)  # itself
+    done = _audit(copy)
+    assert done.returncode == 1, done.stderr
+    assert "FAILED" in done.stderr and "Too many levels of symbolic links" in done.stderr
+    assert "Errno" not in done.stderr, done.stderr
+    assert name.rpartition("/")[2] in done.stderr
+
+
 @pytest.mark.parametrize("which", ["checkpoint", "history", "tile", "bundle"])
 def test_a_symlink_to_dev_zero_is_refused(copy: Path, which: str) -> None:
     name = _name(copy, which)

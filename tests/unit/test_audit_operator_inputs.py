@@ -11,7 +11,9 @@ text of the operator's reaches the terminal unescaped.
 from __future__ import annotations
 
 import asyncio
+import base64
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,63 @@ def test_prove_writes_no_control_character_of_the_checkpoint(
     assert code == 1, out
     assert text not in out + err
     assert "checkpoint" in err
+
+
+def _cosign_history(copy: Path, keep_log_lines: Callable[[list[bytes]], list[bytes]]) -> str:
+    """Write `cosigned/<size>` for each history checkpoint: its text, the log's signature
+    lines `keep_log_lines` leaves, and a witness's cosignature; returns the witness's vkey."""
+    from gateway.provenance.formats.cosignature import Cosigner
+
+    witness = Cosigner(seeded_signer("witness.example/w1"))
+    for size, path in list_history(copy):
+        text, _, block = path.read_bytes().partition(b"\n\n")
+        lines = keep_log_lines(block.splitlines(keepends=True))
+        cosigned = witness.cosign(text.decode() + "\n", 1_700_000_000).line().encode()
+        cosigned_path(copy, size).parent.mkdir(exist_ok=True)
+        cosigned_path(copy, size).write_bytes(text + b"\n\n" + b"".join(lines) + cosigned)
+    return witness.vkey
+
+
+def _forged(line: bytes) -> bytes:
+    """The log's signature line with its signature's last byte changed."""
+    head, _, encoded = line.rstrip(b"\n").rpartition(b" ")
+    raw = bytearray(base64.b64decode(encoded))
+    raw[-1] ^= 1
+    return head + b" " + base64.b64encode(bytes(raw)) + b"\n"
+
+
+def test_a_cosigned_note_as_the_gateway_writes_it_verifies(
+    copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    witness = _cosign_history(copy, lambda lines: lines)
+    code, out, err = _audit(
+        capsys, "verify", str(copy), "--key", SIGNER.vkey, "--witness-key", witness
+    )
+    assert code == 0, out + err
+
+
+@pytest.mark.parametrize(
+    ("keep", "said"),
+    [
+        # the checkpoint text and a witness line, no log signature
+        (lambda lines: [], "note has no signature by a trusted key"),
+        # and a forged one beside the genuine one
+        (lambda lines: [*lines, _forged(lines[0])], "invalid signature for key"),
+    ],
+    ids=["no-log-line", "a-forged-log-line"],
+)
+def test_a_cosigned_file_without_the_logs_own_valid_signature_fails(
+    copy: Path,
+    capsys: pytest.CaptureFixture[str],
+    keep: Callable[[list[bytes]], list[bytes]],
+    said: str,
+) -> None:
+    # docs/provenance.md: "The file is a valid signed note: the log's own checkpoint, byte
+    # for byte, then the witness lines." Before, a file whose text matched a checkpoint of
+    # the history passed without its log signature lines being looked at.
+    witness = _cosign_history(copy, keep)
+    code, out, err = _audit(
+        capsys, "verify", str(copy), "--key", SIGNER.vkey, "--witness-key", witness
+    )
+    assert code == 1, out + err
+    assert "FAILED: cosigned/" in err and said in err, err

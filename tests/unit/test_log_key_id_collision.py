@@ -15,8 +15,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from gateway.api.recorder_log import open_log
 from gateway.cli.main import main
+from gateway.config.provenance import ProvenanceSettings
+from gateway.logs import get_logger
 from gateway.provenance import KeyFormatError, ProvenanceLog, load_verifiers
 from gateway.provenance.formats.note import Signer
 from gateway.provenance.formats.receipts import make_receipt
@@ -66,3 +70,36 @@ def test_the_audit_refuses_the_pair_whatever_their_order(
         assert main(command) != 0, command
         shown = capsys.readouterr()
         assert "ambiguous" in shown.out + shown.err
+
+
+def test_the_gateways_retired_keys_are_refused_at_config_load_when_two_are_twins() -> None:
+    # Before: taken as they came; the admin receipt check and the log's open then checked
+    # a line with whichever of the two they met, as the audit did before it refused.
+    with pytest.raises(ValidationError, match=r"gpu\+63b2a5ae.*ambiguous"):
+        ProvenanceSettings(
+            dir="log",
+            origin="gpu",
+            signing_key_file="log.key",
+            retired_verifier_keys=(LOGS_KEY.vkey, TWIN.vkey),
+        )
+    same = (LOGS_KEY.vkey, LOGS_KEY.vkey)  # one key twice: fine
+    assert (
+        ProvenanceSettings(
+            dir="log", origin="gpu", signing_key_file="log.key", retired_verifier_keys=same
+        ).retired_verifier_keys
+        == same
+    )
+
+
+def test_a_retired_key_that_twins_the_signing_key_is_refused_at_the_logs_open(
+    tmp_path: Path,
+) -> None:
+    seed = hashlib.sha256(b"owngate-test-collision/58093").digest()  # LOGS_KEY's
+    (tmp_path / "log.key").write_text(LOGS_KEY.skey(seed) + "\n")
+    (tmp_path / "log.key").chmod(0o600)
+    settings = ProvenanceSettings(
+        dir="log", origin="gpu", signing_key_file="log.key", retired_verifier_keys=(TWIN.vkey,)
+    )
+    with pytest.raises(KeyFormatError, match=r"gpu\+63b2a5ae.*ambiguous"):
+        asyncio.run(open_log(settings, tmp_path, new_origin=False, events=get_logger("test")))
+    assert not (tmp_path / "log").exists()  # refused before the log was opened

@@ -361,3 +361,24 @@ def test_a_checkpoint_signed_by_a_retired_key_opens_only_with_that_key_listed(
         LogStore.open(tmp_path, ORIGIN, [new])
     store = LogStore.open(tmp_path, ORIGIN, [new], retired=[SIGNER.verifier()])
     store.close()
+
+
+def test_a_tile_directory_the_system_cannot_read_is_named_not_called_damaged(
+    tmp_path: Path,
+) -> None:
+    # A file in place of `tile/` (a mount not there yet, an operator's mistake) loses
+    # nothing: the open says which path and which error, not "damaged ... restore from a
+    # backup or start a new origin" (before), and once the directory is back it opens.
+    _log_of_sizes(tmp_path, 300)
+    (tmp_path / "tile").rename(tmp_path / "tile.aside")
+    (tmp_path / "tile").write_bytes(b"")
+    with pytest.raises(LogUnavailableError) as refused:
+        LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    said = str(refused.value)
+    assert f"{tmp_path / 'tile/entries/000'}: Not a directory" in said, said
+    assert "new-log-origin" not in said and "restart" in said, said
+    (tmp_path / "tile").unlink()
+    (tmp_path / "tile.aside").rename(tmp_path / "tile")
+    store = LogStore.open(tmp_path, ORIGIN, [SIGNER])
+    store.close()
+    assert store.size == 300 and store.recovery.rewritten == ()

@@ -13,8 +13,16 @@ import pytest
 from gateway.api.attested import Attester
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.trail import Trail
+from gateway.canonical import canonical_json_of_plain
 from gateway.provenance import MalformedError, RecordError, Salts, commit
-from gateway.provenance.formats.attestation import Statement, open_countersignature
+from gateway.provenance.formats.attestation import (
+    ATTESTATION_PAYLOAD_TYPE,
+    AttestationFailure,
+    Statement,
+    check_countersignature,
+    open_countersignature,
+)
+from gateway.provenance.formats.receipts import pae
 from gateway.provenance.testing import CountingRandom, seeded_signer
 
 SIGNER = seeded_signer("gpu-a")
@@ -77,3 +85,47 @@ def _fields(key: str) -> dict[str, object]:
 def test_a_key_id_is_a_statement_key() -> None:
     assert Statement(**_fields(str(SIGNER))).key == str(SIGNER)  # type: ignore[arg-type]
     assert Statement(**_fields("owngate-demo.internal/gpu-vllm+0123abcd")).key  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"v": True}, "version (v) must be the integer 1"),
+        ({"v": 2}, "version (v) must be the integer 1"),
+        ({"type": "dispatch"}, "type must be attestation"),
+        ({"extra": 1}, "exactly the fields"),
+    ],
+    ids=["true", "two", "type", "field"],
+)
+def test_a_statement_of_another_version_or_shape_is_malformed_and_says_why(
+    change: dict[str, object], said: str
+) -> None:
+    # `true == 1` in Python: a statement signed with `"v": true` was taken for version 1,
+    # re-encoded with `"v":1`, and refused as "invalid signature for key" (bad_signature)
+    # though its signature was sound: the problem is its version.
+    record = {**_record(str(SIGNER)), **change}
+    payload = canonical_json_of_plain(record)
+    envelope = json.dumps(
+        {
+            "payloadType": ATTESTATION_PAYLOAD_TYPE,
+            "payload": base64.b64encode(payload).decode(),
+            "signatures": [
+                {
+                    "keyid": str(SIGNER),
+                    "sig": base64.b64encode(
+                        SIGNER.sign(pae(ATTESTATION_PAYLOAD_TYPE, payload))
+                    ).decode(),
+                }
+            ],
+        }
+    ).encode()
+    with pytest.raises(AttestationFailure) as refused:
+        check_countersignature(
+            envelope,
+            SIGNER.verifier(),
+            request_id="req-1",
+            request_commitment=str(record["request_commitment"]),
+            response_commitment=str(record["response_commitment"]),
+        )
+    assert refused.value.code == "malformed", refused.value
+    assert said in str(refused.value), refused.value

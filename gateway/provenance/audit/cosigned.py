@@ -1,7 +1,8 @@
 """The witness part of `verify_log`: the cosigned checkpoints in a log's `cosigned/`.
 
 Every cosignature line by a given witness must verify (C2SP tlog-cosignature); each
-cosigned checkpoint must be one the log signed, for its origin and size (its root is then
+cosigned checkpoint must be one the log signed, for its origin and size, carrying the
+log's own signature line (a signed note, as the gateway writes it; its root is then
 checked against the entries by `verify_log`, like a trusted checkpoint's), and a size
 beyond the log's newest checkpoint is a rollback. At least one checkpoint must carry
 cosignatures by `min_witnesses` of the witnesses given.
@@ -21,7 +22,7 @@ from gateway.provenance.formats.cosignature import (
     find_cosignature,
 )
 from gateway.provenance.formats.layout import MAX_HISTORY, list_cosigned, read_log_file
-from gateway.provenance.formats.note import Verifier, _split_note
+from gateway.provenance.formats.note import Verifier, _parse_signature_line, _split_note
 
 __all__ = [
     "WitnessSummary",
@@ -140,12 +141,12 @@ def _cosigned_checkpoint(
 ) -> Checkpoint:
     """The checkpoint a cosigned file carries: signed by the log, for its origin and size."""
     try:
-        text, _ = _split_note(data)
+        text, lines = _split_note(data)
         checkpoint = Checkpoint.parse(text)
     except MalformedError as exc:
         raise _fail(f"{name}: {exc}") from exc
     known = by_size.get(size)
-    if known is not None and known.signatures.text == text:
+    if known is not None and known.signatures.text == text and _log_lines_known(lines, known):
         return checkpoint  # the very checkpoint the history holds (and has checked)
     try:
         checkpoint = open_checkpoint(data, verifiers, origin=newest.origin).checkpoint
@@ -159,3 +160,23 @@ def _cosigned_checkpoint(
             f"size {newest.size}"
         )
     return checkpoint
+
+
+def _log_lines_known(lines: list[str], known: SignedCheckpoint) -> bool:
+    """Whether the file carries the log's signature as its history note does: at least one
+    line by a key that verified it, and every line by such a key one of that note's own,
+    byte for byte (an Ed25519 signature of one text is one line). Else the file's note is
+    opened in full: a file of checkpoint text and witness lines alone is no signed note."""
+    ids = {(signature.name, signature.key_id) for signature in known.signatures.verified}
+    history = set(_split_note(known.note)[1])
+    found = False
+    for line in lines:
+        try:
+            signature = _parse_signature_line(line)
+        except MalformedError:
+            return False
+        if (signature.name, signature.key_id) in ids:
+            if line not in history:
+                return False
+            found = True
+    return found

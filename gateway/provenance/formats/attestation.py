@@ -138,8 +138,12 @@ class Statement:
 
     @classmethod
     def from_record(cls, value: Mapping[str, Any]) -> Statement:
-        if set(value) != _FIELDS or value.get("v") != 1 or value.get("type") != "attestation":
+        if set(value) != _FIELDS:
             raise MalformedError(f"a statement has exactly the fields {sorted(_FIELDS)}")
+        if type(value["v"]) is not int or value["v"] != 1:  # `true == 1` in Python
+            raise MalformedError("a statement's version (v) must be the integer 1")
+        if value["type"] != "attestation":
+            raise MalformedError("a statement's type must be attestation")
         try:
             return cls(
                 value["request_id"],

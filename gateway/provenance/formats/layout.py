@@ -67,13 +67,14 @@ MAX_HISTORY_BYTES = 256 << 20
 
 def read_log_file(path: Path, limit: int = MAX_NOTE_FILE) -> bytes:
     """The bytes of the log file at `path`, at most `limit`: FileNotFoundError when it is
-    absent, MalformedError when it is not a regular file or is larger, OSError otherwise."""
+    absent, MalformedError when it is not a regular file (a symlink loop included) or is
+    larger, OSError otherwise."""
     try:
         return read_small_file(path, limit)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EFBIG):
+        if exc.errno not in (errno.EINVAL, errno.EFBIG, errno.ELOOP):
             raise
         why = f"{exc.strerror}: a log file is a regular file of at most {limit} bytes"
         raise MalformedError(f"{path}: {why}") from exc

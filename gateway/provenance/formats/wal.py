@@ -11,6 +11,7 @@ writer appends through `writer.segment_writer.SegmentWriter`.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import struct
@@ -91,7 +92,12 @@ def iter_segment(path: Path) -> Iterator[tuple[bytes, bytes]]:
 
 
 def _open_segment(path: Path) -> BinaryIO:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:  # a symlink loop: no file, as a FIFO is none
+            raise
+        raise MalformedError(f"write-ahead segment wal/{path.name}: {exc.strerror}") from exc
     file = os.fdopen(fd, "rb")
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         file.close()

@@ -7,7 +7,9 @@ recomputes every tile on the way, so it holds the tree's right edge and the tile
 need rewriting, never the log. A stored tile that is missing, cut short or altered is
 rewritten from the entries once their root matches (it holds nothing they do not). An
 entry bundle that is missing, cut short or that does not hash to the signed root is
-refused (`LogCorruptedError`, naming the file): signing on top of it would extend a tree
+refused (`LogCorruptedError`, naming the file); one the system cannot read (a file in
+place of `tile/`, a permission, EIO) is `LogUnavailableError`, naming the path and the
+error, not damage: signing on top of it would extend a tree
 other than the one published, and `audit verify` would fail the log.
 """
 
@@ -63,8 +65,15 @@ def _bundle(directory: Path, index: int, count: int, size: int) -> list[bytes]:
             data = read_log_file(directory / name, MAX_BUNDLE_FILE)
         except FileNotFoundError:
             continue
-        except (MalformedError, OSError) as exc:
+        except MalformedError as exc:
             raise _damaged(name, size, f"cannot be read ({exc})") from exc
+        except OSError as exc:  # the path, not the data: a file for a directory, EACCES, EIO
+            raise LogUnavailableError(
+                f"cannot read the entry bundle {directory / name}: {exc.strerror or exc}. "
+                "Nothing was changed: make the log directory usable again (a file in place "
+                "of one of its directories, permissions, the volume) and restart; "
+                "if its files are gone, restore it from a backup"
+            ) from exc
         try:
             entries = decode_bundle(data, where=name)
         except MalformedError as exc:
