@@ -293,8 +293,9 @@ def admin_app(app: GatewayApp) -> FastAPI:
     """The admin API (gateway/admin/, FastAPI) of a running gateway app: it reads the
     same runtime and acts through the app's own reload and drain. Imported here, never
     by the public surface: the hot path does not load FastAPI."""
-    from gateway.admin.app import AdminControl, create_admin_app
+    from gateway.admin.app import create_admin_app
     from gateway.admin.candidate_files import outside_files
+    from gateway.admin.control import AdminControl
     from gateway.api.operations import Operations
 
     async def reload() -> bool:
