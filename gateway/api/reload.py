@@ -123,7 +123,7 @@ class ConfigReloader:
         """A worker of `serve --workers N` a read of whose files failed (unreadable) since
         the last that succeeded: its config (a key revoked?) may be older than its
         siblings'. It refuses requests and is not ready until a read succeeds, retried at
-        every look (`TenantSurface.refuse_if_stale`). One process: never."""
+        every look (`TenantAuth.refuse_if_stale`). One process: never."""
         return self.among_workers and self._behind
 
     def _files(self) -> list[Path]:
