@@ -8,8 +8,8 @@ here (a backend's key variable missing from the environment, one key hash listed
 tenants, policies that do not compile against the backends), so a config is fixed in one
 round. `owngate serve` and the demo build the app with `create_app`; a config reload
 assembles the new config with the running parts (`ConfigReloader` gets `assemble` and
-the app's `install` as callables); `owngate config validate` runs `validate`, the same
-assembly without the app.
+the app's `install` as callables); `owngate config validate` runs
+`gateway.validation.validate`, the same assembly without the app.
 
 Nothing connects or opens a file here: backend connections, Redis and the provenance
 log open in the ASGI lifespan (`GatewayApp`).
@@ -34,7 +34,6 @@ from gateway.config.loader import ConfigError, ConfigIssue, load_config_text, un
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
-from gateway.provenance.writer.preflight import preflight
 from gateway.routing.registry import BackendState, Registry, Route
 from gateway.routing.scraper import MetricsScraper
 from gateway.state import SharedState, create_state, limit_copies, limit_part, unsplittable
@@ -58,8 +57,8 @@ __all__ = [
     "admin_app",
     "admin_server",
     "assemble",
+    "checked_parts",
     "create_app",
-    "validate",
 ]
 
 
@@ -107,7 +106,7 @@ def assemble(
     sockets = None if running is None else running.registry.sockets
     # With memory state, each worker of `serve --workers N` enforces its part of a limit
     parts = limit_copies(environ) if state.status().backend == "memory" else 1
-    registry, tenants, policies = _checked(config, environ, config_dir, clock, sockets, parts)
+    registry, tenants, policies = checked_parts(config, environ, config_dir, clock, sockets, parts)
     if running is not None:
         _keep_unchanged_backends(registry, running.registry, config.limits == running.config.limits)
     scraper = MetricsScraper(
@@ -137,7 +136,7 @@ def assemble(
     )
 
 
-def _checked(
+def checked_parts(
     config: GatewaySettings,
     environ: Mapping[str, str],
     config_dir: Path,
@@ -293,9 +292,11 @@ def admin_app(app: GatewayApp) -> FastAPI:
     """The admin API (gateway/admin/, FastAPI) of a running gateway app: it reads the
     same runtime and acts through the app's own reload and drain. Imported here, never
     by the public surface: the hot path does not load FastAPI."""
-    from gateway.admin.app import AdminControl, create_admin_app
+    from gateway.admin.app import create_admin_app
     from gateway.admin.candidate_files import outside_files
+    from gateway.admin.control import AdminControl
     from gateway.api.operations import Operations
+    from gateway.validation import validate
 
     async def reload() -> bool:
         if app.reloader is None:
@@ -330,81 +331,6 @@ def _unquoted(problems: list[str], text: str, environ: Mapping[str, str]) -> lis
     `${VAR}`: a candidate config comes from an admin client, and a problem that quotes
     an interpolated value (a path, a URL) would answer it a secret of the environment."""
     return unquoted(problems, text, environ)
-
-
-def validate(
-    config: GatewaySettings,
-    *,
-    environ: Mapping[str, str],
-    config_dir: Path,
-    secrets: bool = True,
-    workers: int = 1,
-) -> list[str]:
-    """Every problem `owngate serve` would refuse this loaded config for at start, found
-    with the same `assemble` and without opening a connection, a listening socket or the
-    provenance log. With `workers` > 1 (`serve --workers N`), each worker's own log
-    directory and high-water file are checked (`ProvenanceSettings.for_worker`), and with
-    `state: memory` that each tenant limit splits over the workers (`unsplittable`), and
-    that a tenant's share of a backend does (`share_unsplittable`).
-
-    `secrets=False` checks a config meant for another machine (a pod whose secrets are
-    mounted there): a backend key variable unset here counts as set, and the provenance
-    key files, the backends' TLS files and the log directory are not looked at."""
-    if not secrets:
-        environ = _keys_assumed_set(config, environ)
-        config = _without_tls_files(config)
-    problems: list[str] = []
-    try:
-        assemble(config, environ, config_dir=config_dir)
-    except AssemblyError as exc:
-        problems += exc.problems
-    except ValueError as exc:  # a setting checked before the rest (shared state, OTEL_*)
-        problems.append(str(exc))
-        try:
-            _checked(config, environ, config_dir, time.monotonic)
-        except AssemblyError as more:
-            problems += more.problems
-    if config.state.backend == "memory":  # each of `serve --workers N` takes its part
-        split = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), workers)
-        problems += [problem for problem in split if problem not in problems]
-    problems += [p for p in config_share_unsplittable(config, workers) if p not in problems]
-    log = config.provenance
-    if log is not None:
-        files = (log.signing_key_file, *log.previous_signing_key_files) if secrets else ()
-        workers = max(workers, 1)
-        problems += preflight(
-            log.origin,
-            [config_dir / f for f in files],
-            [w.vkey for w in log.witnesses],
-            directory=config_dir / log.dir if secrets and workers == 1 else None,
-            high_water=log.high_water_path(config_dir),
-        )
-        for index in range(1, workers + 1) if workers > 1 else ():
-            own = log.for_worker(index, config_dir)  # as each worker opens its own log
-            problems += preflight(
-                own.origin,
-                [],
-                directory=config_dir / own.dir if secrets else None,
-                high_water=own.high_water_path(config_dir),
-            )
-    return list(dict.fromkeys(problems))  # a setting every worker shares is named once
-
-
-def _without_tls_files(config: GatewaySettings) -> GatewaySettings:
-    """`config` with no backend naming a TLS file (CA, client certificate and key)."""
-    unread = {"ca_file": None, "client_cert_file": None, "client_key_file": None}
-    backends = tuple(
-        b if b.tls is None else b.model_copy(update={"tls": b.tls.model_copy(update=unread)})
-        for b in config.backends
-    )
-    return config.model_copy(update={"backends": backends})
-
-
-def _keys_assumed_set(config: GatewaySettings, environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` with every backend key variable that is unset or empty here set to a
-    placeholder (a value set here is still checked)."""
-    named = {b.api_key_env for b in config.backends if b.api_key_env is not None}
-    return {**environ, **{name: "unset-here" for name in named if not environ.get(name)}}
 
 
 def admin_server(app: GatewayApp) -> BesideServer:

@@ -73,21 +73,18 @@ that arrived in one read to the app uncopied (`gateway/listener_body.py`).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.asgi import REFUSAL_SCOPE_KEY
 from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost, mark_lost
 from gateway.close_delimited import close_delimited
 from gateway.coalescing import HeadCoalescer
-from gateway.errors import ErrorCode, GatewayError
+from gateway.errors import ErrorCode
 from gateway.expect_continue import close_unless_continued
 from gateway.listener_body import hold_piece
 from gateway.listener_limits import (
-    LINGER_BYTES,
-    LINGER_S,
     MAX_PIPELINED,
     NO_TRAILERS,
     NO_UPGRADE,
@@ -99,12 +96,11 @@ from gateway.listener_limits import (
     framing_message,
     framing_too_long_message,
     head_size,
-    late_message,
-    refusal_answer,
     refuse_framing,
     too_long_message,
     too_many_message,
 )
+from gateway.listener_refusal import RefusingProtocol
 from gateway.listener_room import Room, peer_key
 
 if TYPE_CHECKING:
@@ -121,35 +117,8 @@ def http_protocol(listen: ListenSettings) -> type[LimitedHttpProtocol]:
     return type("OwngateHttpProtocol", (LimitedHttpProtocol,), namespace)
 
 
-class LimitedHttpProtocol(HttpToolsProtocol):
+class LimitedHttpProtocol(RefusingProtocol):
     """uvicorn's httptools protocol with owngate's limits; use `http_protocol(listen)`."""
-
-    limits: ClassVar[ListenerLimits]
-    refusals: ClassVar[Refusals]
-    room: ClassVar[Room]  # one server's connections waiting for a request
-
-    def __init__(
-        self,
-        config: Any,
-        server_state: Any,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self._refused = False  # closed at once by the connection cap
-        self._in_head = True  # the next bytes belong to a request head
-        self._head_begun = False  # ... and some of them have arrived
-        self._head_bytes = 0  # bytes of reads that began inside the current head
-        self._read_len = 0  # length of the read being parsed
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
-        self._linger_timer: asyncio.TimerHandle | None = None
-        self._write_timer: asyncio.TimerHandle | None = None
-        self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
-        self._body_read = 0  # body bytes the current read delivered
-        self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
-        self.answering: RequestResponseCycle | None = None  # see `connection_lost`
-        self._after_answers: bytes | None = None  # a refusal held until the answers end
 
     # connection
 
@@ -344,73 +313,3 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             return False
         self._refuse(ErrorCode.headers_too_large, "framing_bytes", framing_too_long_message(limit))
         return True
-
-    # deadlines
-
-    def _head_late(self) -> None:
-        self._head_timer = None
-        if not self._head_begun:  # nothing sent: close quietly, as an idle connection
-            self.refusals.note("idle_timeout", self.loop.time())
-            self.transport.close()
-            return
-        late = late_message("head", self.limits.header_timeout_s)
-        self._refuse(ErrorCode.request_timeout, "header_timeout", late)
-
-    def _write_late(self) -> None:
-        """The client read nothing for `write_timeout_s`: dropped (close() would wait)."""
-        self._write_timer = None
-        self.refusals.note("write_timeout", self.loop.time())
-        self.transport.abort()
-
-    def _body_late(self) -> None:
-        self._body_timer = None
-        if self.flow.read_paused or self.cycle.waiting_for_100_continue:
-            # The gateway holds the body back, not the client: start over.
-            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
-            return
-        late = late_message("body", self.limits.body_timeout_s)
-        self._refuse(ErrorCode.request_timeout, "body_timeout", late)
-
-    # refusing
-
-    def _refuse(self, code: ErrorCode, reason: str, message: str) -> None:
-        """Answer `code` (when no other answer is on the wire) and close."""
-        self.refusals.note(reason, self.loop.time())
-        cancel(self._head_timer, self._body_timer)
-        self._head_timer = self._body_timer = None
-        cycle = self.cycle
-        if self._in_head and cycle is not None and not cycle.response_complete:
-            # A head after requests still being answered (or queued): theirs go out
-            # first, then this refusal (`on_response_complete`). Closing now lost them:
-            # a request sent with bytes after its body had no answer at all.
-            self._after_answers = refusal_answer(code, message, self.server_state.default_headers)
-            # What the client still sends is dropped, up to a head's worth (the rest of
-            # this one), then the connection closes: a flood gets no more reads.
-            self._linger_left = self.limits.max_header_bytes
-            return
-        # This request's body: was it answered already, or does it wait its turn?
-        if not self._in_head and (cycle.response_started or self.pipeline):
-            self.transport.close()  # a second answer on the wire would corrupt the first
-            return
-        if cycle is not None and isinstance(cycle.transport, HeadCoalescer):
-            # A write still held this turn (a HEAD answer's head, `100 Continue`) goes first.
-            cycle.transport.flush()
-        if not self._in_head:
-            # The app waits for this body: it reads a disconnect now, what it sends is
-            # dropped, and the scope tells it what the client got.
-            scope = cast("dict[str, Any]", cycle.scope)
-            scope[REFUSAL_SCOPE_KEY] = GatewayError(code, message)
-            mark_lost(cycle)
-        self.transport.write(refusal_answer(code, message, self.server_state.default_headers))
-        self._linger()
-
-    def _linger(self) -> None:
-        """Send the answer and EOF, then drop what the client still sends (bounded):
-        closing with unread bytes would reset the connection, and a reset can destroy
-        the answer before the client reads it."""
-        self._linger_left = LINGER_BYTES
-        self.room.wait(self._peer, self, first=True)  # the first of its peer's to drop
-        self.flow.resume_reading()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)

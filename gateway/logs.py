@@ -40,6 +40,7 @@ from typing import Any, Final, Literal, TextIO
 import orjson
 import structlog
 
+from gateway.log_remote_words import QuietRemoteWords
 from gateway.log_tracebacks import message_without_exception, traceback_without_messages
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "MAX_EXCEPTION_CHARS",
     "MAX_FIELD_CHARS",
     "MAX_KEY_CHARS",
-    "REMOTE_WORDS_LOGGERS",
     "SENSITIVE_FIELDS",
     "configure_logging",
     "get_logger",
@@ -102,23 +102,6 @@ _LEVELS = {
     "error": logging.ERROR,
 }
 
-
-# HTTP client libraries whose info and debug lines say what the far side sent: the OpenAI
-# SDK (under LiteLLM) logs a hosted provider's `x-request-id` header as it came (`request_id:
-# %s`), httpx the status line's reason phrase, httpcore and hpack every response header.
-# A provider, or a backend that quotes a client's request, chooses those strings; only
-# these libraries' warnings and errors are written (`_QuietRemoteWords`). A filter on the
-# handler, not a logger level: `OPENAI_LOG=debug` sets the SDK's level when it is imported.
-REMOTE_WORDS_LOGGERS: Final = ("openai", "anthropic", "httpx", "httpcore", "hpack")
-
-# The OpenTelemetry exporters log the reason phrase the collector answered with as it came
-# (`Failed to export span batch code: 401, reason: <phrase>`): a collector, or a proxy in
-# front of it, that quotes the request puts the exporter's own headers there, the
-# `OTEL_EXPORTER_OTLP_HEADERS` auth token included. Every string such a line quotes is
-# written as its length (`_exporter_arg`); its numbers, its own words and an exception
-# (the transport's: a refused connection, a timeout) are kept.
-EXPORTER_LOGGERS: Final = ("opentelemetry.exporter",)
-_EXPORTER_KINDS: Final = frozenset({"span", "spans", "metric", "metrics", "log", "logs"})
 
 # The fields every line has, added by the logging pipeline itself.
 _OWN_FIELDS: Final = ("event", "level", "timestamp", "logger")
@@ -309,7 +292,7 @@ def configure_logging(
     # the same JSON lines in production.
     handler = logging.StreamHandler(out)
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _RedactingFormatter())
-    handler.addFilter(_QuietRemoteWords())
+    handler.addFilter(QuietRemoteWords())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
@@ -337,27 +320,6 @@ def _install_access_log(fmt: str, level: str, out: TextIO) -> None:
 def _traceback(exc_info: Any) -> str:
     """structlog's `exc_info` (a triple) as `traceback_without_messages` writes it."""
     return "NoneType: None" if exc_info[1] is None else traceback_without_messages(exc_info[1])
-
-
-class _QuietRemoteWords(logging.Filter):
-    """Drops the info and debug lines of `REMOTE_WORDS_LOGGERS` (and their children), and
-    withholds the strings an `EXPORTER_LOGGERS` line quotes."""
-
-    def filter(self, record: logging.LogRecord) -> bool:  # the stdlib's name
-        name = record.name
-        if name.startswith(EXPORTER_LOGGERS) and isinstance(record.args, tuple):
-            record.args = tuple(_exporter_arg(arg) for arg in record.args)
-        if record.levelno >= logging.WARNING:
-            return True
-        return not any(
-            name == library or name.startswith(library + ".") for library in REMOTE_WORDS_LOGGERS
-        )
-
-
-def _exporter_arg(arg: object) -> object:
-    if isinstance(arg, str) and arg not in _EXPORTER_KINDS:
-        return f"[withheld: {len(arg)} characters]"
-    return arg
 
 
 class _WithheldFormatter(logging.Formatter):

@@ -13,26 +13,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from gateway.admin.auth import Caller, require
 from gateway.admin.console_routes import docs_router
 from gateway.admin.console_routes import router as console_router
+from gateway.admin.control import (
+    AdminControl,
+    Control,
+    Operator,
+    Reader,
+    Security,
+    act,
+    reload_error,
+)
 from gateway.admin.cosignatures import router as cosignatures_router
 from gateway.admin.errors import _gateway_error, _http_error, _internal, _invalid
 from gateway.admin.headers import ApiHeaders, HeadAsGet
-from gateway.admin.key_changes import adding, removing, staged_change, take_back
+from gateway.admin.keys import router as keys_router
 from gateway.admin.limits import BodyLimit
 from gateway.admin.models import (
     MAX_CANDIDATE_BYTES,
@@ -40,13 +44,8 @@ from gateway.admin.models import (
     ConfigCandidate,
     ConfigStatus,
     ConfigValidation,
-    CreatedKey,
     Explained,
     ExplainRequest,
-    KeyCreate,
-    KeyList,
-    KeyRevoked,
-    KeyRow,
     PolicyStatus,
     PolicySummary,
     Status,
@@ -61,29 +60,12 @@ from gateway.admin.tiles import router as log_router
 from gateway.admin.timeline import Timeline
 from gateway.admin.timelines import router as timelines_router
 from gateway.api.admin import status_report
-from gateway.api.runtime import Runtime
 from gateway.config.schema import GatewaySettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy.labels import InvalidLabel, one_label
 from gateway.policy.types import UnknownDataClass
-from gateway.provenance.formats.records import admin_record
-from gateway.tenants import hash_api_key, new_api_key
 
-__all__ = ["AdminControl", "config_digest", "create_admin_app", "openapi_schema"]
-
-
-@dataclass(frozen=True, slots=True)
-class AdminControl:
-    """What the admin API reads and does: the running gateway, its readiness detail
-    (api/operations.py), and the actions (reload: True when a changed config or policy
-    set became active; drain: turn not-ready and let running requests finish; validate:
-    every problem `owngate serve` would refuse a candidate config for)."""
-
-    runtime: Runtime
-    readiness: Callable[[], dict[str, Any]]
-    reload: Callable[[], Awaitable[bool]]
-    drain: Callable[[], None]
-    validate: Callable[[str], list[str]]  # a candidate gateway.yaml's text -> its problems
+__all__ = ["config_digest", "create_admin_app", "openapi_schema"]
 
 
 def config_digest(config: GatewaySettings) -> str:
@@ -148,6 +130,7 @@ def _routes(
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal)  # Starlette still logs and re-raises it
     app.include_router(_v1)
+    app.include_router(keys_router)
     app.include_router(timelines_router)
     app.include_router(tenants_router)
     app.include_router(policy_tests_router)
@@ -162,21 +145,13 @@ def _routes(
     return app
 
 
-async def _control(request: Request) -> AdminControl:
-    return request.app.state.control  # type: ignore[no-any-return]
-
-
 # --- the v1 endpoints --------------------------------------------------------------------
 
 _v1 = APIRouter(prefix="/admin/v1")
-_Operator = Annotated[Caller, Depends(require("operator"))]
-_Security = Annotated[Caller, Depends(require("security"))]
-_Reader = Annotated[Caller, Depends(require("operator", "security"))]
-_Control = Annotated[AdminControl, Depends(_control)]
 
 
 @_v1.get("/status", tags=["operator"], summary="Readiness and every backend's routing state")
-async def status(control: _Control, caller: _Operator) -> Status:
+async def status(control: Control, caller: Operator) -> Status:
     parts = control.runtime.parts
     report = status_report(parts.registry, parts.scraper, parts.proxy)
     ready = control.readiness()
@@ -193,7 +168,7 @@ async def status(control: _Control, caller: _Operator) -> Status:
 
 
 @_v1.get("/policies", tags=["security"], summary="The active policy set and its reload status")
-async def policies(control: _Control, caller: _Security) -> PolicyStatus:
+async def policies(control: Control, caller: Security) -> PolicyStatus:
     active = control.runtime.policies.current
     summaries = [
         PolicySummary(
@@ -215,7 +190,7 @@ async def policies(control: _Control, caller: _Security) -> PolicyStatus:
 
 
 @_v1.post("/policies/explain", tags=["security"], summary="The decision and trace for a request")
-async def explain(body: ExplainRequest, control: _Control, caller: _Security) -> Explained:
+async def explain(body: ExplainRequest, control: Control, caller: Security) -> Explained:
     try:
         label = None if body.data_class is None else one_label([body.data_class])
         decision = control.runtime.policies.current.decide(body.tenant, body.model, label)
@@ -225,7 +200,7 @@ async def explain(body: ExplainRequest, control: _Control, caller: _Security) ->
 
 
 @_v1.get("/config", tags=["operator", "security"], summary="The running config's digest")
-async def config(control: _Control, caller: _Reader) -> ConfigStatus:
+async def config(control: Control, caller: Reader) -> ConfigStatus:
     runtime = control.runtime
     reloader = runtime.reloader
     reloads = reloader.status() if reloader is not None else {}
@@ -244,7 +219,7 @@ async def config(control: _Control, caller: _Reader) -> ConfigStatus:
     summary="Every problem a candidate gateway.yaml would be refused for (nothing changes)",
 )
 async def validate_config(
-    body: ConfigCandidate, request: Request, control: _Control, caller: _Reader
+    body: ConfigCandidate, request: Request, control: Control, caller: Reader
 ) -> ConfigValidation:
     if len(body.yaml.encode()) > MAX_CANDIDATE_BYTES:
         raise GatewayError(
@@ -256,198 +231,23 @@ async def validate_config(
 
 
 @_v1.post("/reload", tags=["operator"], summary="Reload gateway.yaml and the policy files")
-async def reload(control: _Control, caller: _Operator) -> ActionResult:
+async def reload(control: Control, caller: Operator) -> ActionResult:
     changed = await control.reload()
     runtime = control.runtime
-    error = _reload_error(runtime)
+    error = reload_error(runtime)
     if error:  # nothing changed, and the record says why (the digest of the error)
-        await _act(control, caller, "reload", "config", {"error": error}, failed=True)
+        await act(control, caller, "reload", "config", {"error": error}, failed=True)
         raise GatewayError(
             ErrorCode.invalid_request, f"reload failed; the running config stays: {error}"
         )
     change = {"config": config_digest(runtime.config), "policy": runtime.policies.current.digest}
-    return await _act(control, caller, "reload", "config", change, changed=changed)
+    return await act(control, caller, "reload", "config", change, changed=changed)
 
 
 @_v1.post("/drain", tags=["operator"], summary="Stop taking requests; finish running ones")
-async def drain(control: _Control, caller: _Operator) -> ActionResult:
+async def drain(control: Control, caller: Operator) -> ActionResult:
     change = {"draining": True, "running": len(control.runtime.serving)}
     started = not control.runtime.draining  # a second drain changes nothing
-    result = await _act(control, caller, "drain", "gateway", change, changed=started)
+    result = await act(control, caller, "drain", "gateway", change, changed=started)
     control.drain()
     return result
-
-
-@_v1.get("/keys", tags=["security"], summary="Tenant API keys, by digest prefix")
-async def keys(control: _Control, caller: _Security) -> KeyList:
-    state = control.runtime.state
-    rows = [
-        KeyRow(tenant=tenant.id, hash_prefix=digest[7:19], revoked=state.is_revoked(digest))
-        for tenant in control.runtime.config.tenants
-        for digest in tenant.api_key_hashes
-    ]
-    return KeyList(keys=rows)
-
-
-@_v1.post(
-    "/keys", tags=["security"], status_code=201, summary="Create a tenant API key (shown once)"
-)
-async def create_key(body: KeyCreate, control: _Control, caller: _Security) -> CreatedKey:
-    runtime = control.runtime
-    if body.tenant not in {t.id for t in runtime.config.tenants}:
-        raise GatewayError(ErrorCode.invalid_request, f"no tenant {body.tenant!r}", param="tenant")
-    path = _keys_file(runtime)
-    key = new_api_key()
-    digest = hash_api_key(key)
-    async with staged_change(path, adding(body.tenant, digest)) as added:  # else 503
-        await added.commit()
-    await control.reload()
-    # Shown only when it works: a config that did not reload (say, a broken gateway.yaml
-    # beside the keys file) would leave it refused, so the key is taken back, the failed
-    # attempt recorded and nothing shown.
-    if not _holds_key(control.runtime, body.tenant, digest):
-        error = _reload_error(control.runtime) or "the key is not active after the reload"
-        await take_back(path, digest)
-        await _act(control, caller, "key_create", body.tenant, {"error": error}, failed=True)
-        raise GatewayError(
-            ErrorCode.invalid_request, f"no key was created; the running config stays: {error}"
-        )
-    change = {"tenant": body.tenant, "hash": digest}
-    try:
-        done = await _act(control, caller, "key_create", body.tenant, change, changed=True)
-    except GatewayError:  # not logged: not taken
-        await take_back(path, digest)
-        await control.reload()
-        raise
-    return CreatedKey(**done.model_dump(), tenant=body.tenant, key=key, hash=digest)
-
-
-def _holds_key(runtime: Runtime, tenant: str, key_hash: str) -> bool:
-    """Whether the running config gives `tenant` the key `key_hash`."""
-    return any(t.id == tenant and key_hash in t.api_key_hashes for t in runtime.config.tenants)
-
-
-def _reload_error(runtime: Runtime) -> str | None:
-    """Why the last reload of the config or the policy files failed (None: it did not)."""
-    reloader = runtime.reloader
-    error = reloader.last_error if reloader is not None else None
-    return error or runtime.policies.last_error
-
-
-_NOT_PROPAGATED = (
-    "revoked on this replica and in the keys file; the shared state (Redis) did not take "
-    "it: other replicas accept the key until Redis is back (the revocation is queued and "
-    "sent then) or they reload their config. Do not retry: it is revoked here"
-)
-
-
-@_v1.delete(
-    "/keys/{digest}",
-    tags=["security"],
-    summary="Revoke a tenant API key by its SHA-256 digest",
-    responses={202: {"model": KeyRevoked, "description": "revoked here, not yet shared"}},
-)
-async def revoke_key(
-    digest: str, response: Response, control: _Control, caller: _Security
-) -> KeyRevoked:
-    runtime = control.runtime
-    key_hash = "sha256:" + digest.removeprefix("sha256:")
-    owners = [t.id for t in runtime.config.tenants if key_hash in t.api_key_hashes]
-    if not owners:
-        raise GatewayError(ErrorCode.not_found, "no tenant has this key")
-    change = {"tenant": owners[0], "hash": key_hash}
-    # staged under the file's lock before the record: failing, a 503 with nothing done
-    keys_file = _keys_file(runtime) if runtime.config.keys_file is not None else None
-    async with staged_change(keys_file, removing(key_hash)) as removal:
-        # The record comes before the revocation (a revocation is never unrecorded), so
-        # it says what the state will do: with Redis away, refuse here and queue it.
-        share = runtime.state.healthy
-        done = await _act(
-            control, caller, "key_revoke", owners[0], change, changed=True, local=not share
-        )
-        shared = await runtime.state.revoke_key(key_hash, share=share)  # before the rename
-        try:
-            await removal.commit()
-            unchanged = None
-        except GatewayError as exc:  # the revocation above stands: never "nothing was done"
-            unchanged = exc
-    if keys_file is not None and unchanged is None:
-        await control.reload()
-    if shared and unchanged is None:
-        return KeyRevoked(**done.model_dump(), propagated=True)
-    detail = _NOT_PROPAGATED
-    if share and not shared:  # Redis failed during the call: a record says so after "done"
-        try:
-            done = await _act(
-                control, caller, "key_revoke", owners[0], change, changed=True, local=True
-            )
-        except GatewayError:  # the log failed too: the answer says it, the key stays revoked
-            detail += "; the admin record of its staying local was not logged"
-    if unchanged is not None:
-        raise _file_unchanged(unchanged, shared=shared, logged=done.log_index)
-    response.status_code = 202
-    return KeyRevoked(**done.model_dump(), propagated=False, detail=detail)
-
-
-def _file_unchanged(exc: GatewayError, *, shared: bool, logged: int | None) -> GatewayError:
-    """The 503 for a keys file whose rename failed after the key was revoked in the state
-    and its admin record logged: says that it is revoked, and that the file still lists it."""
-    cause = exc.__cause__
-    why = cause.strerror if isinstance(cause, OSError) and cause.strerror else "not renamed"
-    where = "and in the shared state" if shared else "but not yet in the shared state (queued)"
-    record = f"admin record at log index {logged}" if logged is not None else "no log kept"
-    return GatewayError(
-        ErrorCode.backend_unavailable,
-        f"the key is revoked on this replica {where}; {record}; but the keys file could "
-        f"not be changed ({why}): it still lists the key, so a restart or a replica that "
-        "reads the file accepts it. Retry to remove it from the file",
-    )
-
-
-def _keys_file(runtime: Runtime) -> Path:
-    if runtime.config.keys_file is None:
-        raise GatewayError(
-            ErrorCode.invalid_request, "no keys_file in the config: keys cannot be stored"
-        )
-    return runtime.config_dir / runtime.config.keys_file
-
-
-async def _act(
-    control: AdminControl,
-    caller: Caller,
-    action: str,
-    subject: str,
-    change: dict[str, Any],
-    *,
-    changed: bool = False,
-    failed: bool = False,
-    local: bool = False,
-) -> ActionResult:
-    """Write the admin record of an action to the provenance log (when the gateway keeps
-    one): who (role, token digest prefix), what, the SHA-256 of `change`, and its outcome
-    ("failed": an attempt refused with nothing changed, `change` then `{"error": why}`;
-    its record must not read as the action taken; "local": taken on this replica alone,
-    the shared state not told yet). Raises
-    (503 provenance_unavailable) when the log cannot take it: the action is then not
-    taken, except a reload, whose record names what it made active."""
-    digest = hashlib.sha256(orjson.dumps(change, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    recorder = control.runtime.parts.recorder
-    index = None
-    if recorder is not None and recorder.opened:
-        record = admin_record(
-            request_id="adm_" + os.urandom(12).hex(),
-            time=datetime.now(UTC),
-            role=caller.role,
-            token=caller.token,
-            action=action,
-            subject=subject,
-            change_digest=digest,
-            outcome="failed" if failed else "local" if local else "done",
-        )
-        try:
-            index = (await recorder.log.append(record)).index
-        except Exception as exc:
-            raise GatewayError(
-                ErrorCode.provenance_unavailable, f"the admin record was not logged: {exc}"
-            ) from exc
-    return ActionResult(action=action, changed=changed, change_digest=digest, log_index=index)

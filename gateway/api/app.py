@@ -25,6 +25,7 @@ from gateway.api.openai import PROXIED, TenantSurface, new_request_id
 from gateway.api.operations import Operations
 from gateway.api.parts import Assembly
 from gateway.api.runtime import Runtime
+from gateway.api.tenant_auth import TenantAuth
 from gateway.api.tenant_reads import TenantReads
 from gateway.asgi import Receive, Scope, Send, lifespan, send_error
 from gateway.errors import ErrorCode, GatewayError
@@ -58,9 +59,10 @@ class GatewayApp(Runtime):
         self.metrics.watch_state(self.state, lambda: self.parts.registry)
         if parts.recorder is not None:  # like the metrics, it outlives config reloads
             self.metrics.watch_provenance(parts.recorder)
-        tenant, operations = TenantSurface(self), Operations(self)
+        auth = TenantAuth(self)
+        tenant, operations = TenantSurface(self, auth), Operations(self)
         self._proxied = tenant.proxied
-        reads = TenantReads(self, tenant.authenticate)
+        reads = TenantReads(self, auth.authenticate)
         self._provenance = reads.provenance
         self._routes: dict[str, Handler] = {
             "/healthz": operations.healthz,

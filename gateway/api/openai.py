@@ -1,5 +1,6 @@
-"""The tenant surface: the proxied OpenAI endpoints and the tenant's authentication (its
-read-only paths, `/v1/models` and `/v1/provenance/...`, are gateway/api/tenant_reads.py).
+"""The tenant surface: the proxied OpenAI endpoints (the tenant's authentication is
+gateway/api/tenant_auth.py; its read-only paths, `/v1/models` and `/v1/provenance/...`,
+are gateway/api/tenant_reads.py).
 
 Every request here authenticates with a tenant API key (`Authorization: Bearer KEY`,
 looked up by digest in the key index, `gateway.tenants`). A proxied request
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import time
 from typing import TYPE_CHECKING, Final
@@ -26,11 +26,11 @@ from gateway.api.reservation import rate_limited
 from gateway.api.runtime import Runtime
 from gateway.api.standing import Standing
 from gateway.api.stream_writes import end_stream, event_break, send_error_event
+from gateway.api.tenant_auth import TenantAuth, key_digest
 from gateway.asgi import (
     Receive,
     Scope,
     Send,
-    header_values,
     read_body,
     send_error,
 )
@@ -38,7 +38,6 @@ from gateway.body_budget import Held
 from gateway.body_writer import body_writer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
-from gateway.policy_set import STALE_POLICIES
 from gateway.state import Admission, RateLimited
 from gateway.tenants import TenantEntry
 
@@ -48,13 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["PROXIED", "TenantSurface", "new_request_id"]
 
 _RETRY_SOON = ((b"retry-after", b"1"),)
-# What a request gets from a stale worker (`ConfigReloader.stale`): 503, retry at once
-STALE_CONFIG = (
-    "this gateway worker could not read its config files (gateway.yaml, keys file), so "
-    "the config it holds may be older than the other workers'; retry (a new connection "
-    "may reach another)"
-)
-
 PROXIED: Final = {
     "/v1/chat/completions": ("chat", b"/v1/chat/completions"),
     "/v1/completions": ("completions", b"/v1/completions"),
@@ -70,8 +62,9 @@ def new_request_id() -> bytes:
 class TenantSurface:
     """The handlers of the tenant-facing paths, reading `runtime` on each request."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, auth: TenantAuth) -> None:
         self._runtime = runtime
+        self._auth = auth
         self._log = get_logger("owngate.access")
 
     async def proxied(
@@ -91,10 +84,10 @@ class TenantSurface:
                 raise GatewayError(ErrorCode.method_not_allowed, f"{endpoint} accepts only POST")
             if not runtime.ready:
                 raise GatewayError(ErrorCode.not_ready, "the gateway is not ready")
-            self.refuse_if_stale()
+            self._auth.refuse_if_stale()
             runtime.serving.add(task)  # type: ignore[arg-type]
-            digest = self.key_digest(scope)
-            tenant = self.tenant_of(digest)
+            digest = key_digest(scope)
+            tenant = self._auth.tenant_of(digest)
             exchange.tenant = tenant.id
             admission = exchange.admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
@@ -114,7 +107,7 @@ class TenantSurface:
                 # The parts active now, not at arrival: a config reload while the body was
                 # arriving binds this request's decision and plan, as it binds later ones;
                 # and its tenant (a key removed or revoked, models taken away meanwhile).
-                tenant = self._reauthenticated(digest, tenant)
+                tenant = self._auth.reauthenticated(digest, tenant)
                 # ... and asked again while it is in flight (queued, connecting, failing
                 # over): a key revoked or removed then stops what was not yet sent.
                 standing = Standing(digest, tenant, lambda: runtime.parts)
@@ -295,72 +288,6 @@ class TenantSurface:
             return await self._runtime.parts.state.acquire(tenant.id, tenant.limits)
         except RateLimited as exc:
             raise rate_limited(exc) from exc
-
-    def authenticate(self, scope: Scope) -> TenantEntry:
-        """The tenant whose API key the request carries (raises 401 `GatewayError`; 503
-        in a worker whose config is stale: `refuse_if_stale`)."""
-        self.refuse_if_stale()
-        return self.tenant_of(self.key_digest(scope))
-
-    def refuse_if_stale(self) -> None:
-        """503 (retry after 1 s) in a worker of `serve --workers N` that could not read
-        its changed config files (`ConfigReloader.stale`): its keys may be older than its
-        siblings' (a revoked key still valid here); or its changed policy files
-        (`TrustPolicies.stale`), before the tenant's limits are charged for a request it
-        will not serve and before `/v1/models` lists what an older set allowed."""
-        reloader = self._runtime.reloader
-        if reloader is not None and reloader.stale:
-            raise GatewayError(ErrorCode.not_ready, STALE_CONFIG, headers=_RETRY_SOON)
-        if self._runtime.parts.policies.stale:
-            raise GatewayError(ErrorCode.not_ready, STALE_POLICIES, headers=_RETRY_SOON)
-
-    def key_digest(self, scope: Scope) -> str:
-        """The digest of the API key the request carries, as the key index holds it
-        (raises 401 `GatewayError` when there is no well-formed one)."""
-        values = header_values(scope, b"authorization")
-        if not values:
-            raise GatewayError(
-                ErrorCode.missing_api_key,
-                "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.",
-            )
-        if len(values) > 1:  # which copy a proxy in front read is unknowable: none counts
-            raise GatewayError(
-                ErrorCode.invalid_api_key, "Send one Authorization header, not several."
-            )
-        value = values[0]
-        scheme, _, key = value.partition(b" ")
-        key = key.strip()
-        if scheme.lower() != b"bearer" or not key:
-            raise GatewayError(
-                ErrorCode.invalid_api_key, "Malformed Authorization header; use 'Bearer KEY'."
-            )
-        return "sha256:" + hashlib.sha256(key).hexdigest()
-
-    def tenant_of(self, digest: str) -> TenantEntry:
-        """The tenant of the key whose digest is `digest`, as the config and revocations
-        active now say (raises 401 `GatewayError` for a key unknown or revoked)."""
-        parts = self._runtime.parts
-        tenant = parts.tenants.get(digest)
-        if tenant is None or parts.state.is_revoked(digest):
-            raise GatewayError(ErrorCode.invalid_api_key, "Incorrect API key provided.")
-        return tenant
-
-    def _reauthenticated(self, digest: str, admitted: TenantEntry) -> TenantEntry:
-        """The request's tenant as the config and revocations active now say, once its body
-        is in (`admitted`: as they said at its head). A body may take
-        `listen.body_timeout_s` to arrive: a key removed or revoked meanwhile is refused
-        (401), and the tenant's models are those of the config that decides. A key moved
-        to another tenant is refused too: the rate limits admitted the old one. `digest`
-        is the key's, taken from the head once: the header is not parsed or hashed again
-        (it cannot change), the look-ups are."""
-        tenant = self.tenant_of(digest)
-        if tenant.id != admitted.id:
-            raise GatewayError(
-                ErrorCode.invalid_api_key,
-                "The API key was given to another tenant while the request arrived; send "
-                "the request again.",
-            )
-        return tenant
 
 
 async def _answer_taken(exchange: Exchange, answer: Held) -> None:

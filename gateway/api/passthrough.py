@@ -51,13 +51,12 @@ from gateway.api.body_rewrites import ask_for_usage, model_pattern, rewrite_mode
 from gateway.api.exchange import Exchange, TryNext, relayed, send_whole
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.private_failures import NO_ROOM, NOT_SENT, REFUSALS, RETRYABLE, last_error
+from gateway.api.private_reports import PrivateReports
 from gateway.api.sse import StreamWatch
 from gateway.api.stream_relay import StreamRelay
 from gateway.api.stream_writes import end_stream
 from gateway.asgi import Send
 from gateway.errors import ErrorCode, GatewayError
-from gateway.log_tally import Tally
-from gateway.logs import get_logger
 from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
@@ -87,7 +86,6 @@ _UNRELAYABLE_TYPE: Final = (
 )
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
 _SALTED: Final = frozenset({"chat", "completions"})
-_STRIP_LOG_EVERY_S = 60.0
 
 
 class PrivateRelay:
@@ -95,9 +93,8 @@ class PrivateRelay:
         self._metrics = metrics
         self._rewrites: dict[tuple[str, str], re.Pattern[bytes]] = {}
         self._attesters: dict[tuple[str, str], Attester] = {}
-        self._strip_reports = Tally(_STRIP_LOG_EVERY_S)  # and `exhausted` (`_failed`)
-        self._log = get_logger("owngate.upstream")
-        self._streams = StreamRelay(metrics, self._stripped)
+        self._reports = PrivateReports(metrics)
+        self._streams = StreamRelay(metrics, self._reports.stripped)
 
     async def connect(self, exchange: Exchange, attempt: Attempt) -> Connection:
         """The connection `attempt` (its breakers admitted it: the plan does that, before
@@ -110,7 +107,7 @@ class PrivateRelay:
         try:
             return await backend.pool.connect(exchange.tenant)
         except UpstreamError as exc:
-            self._failed(exchange, backend, exc)
+            self._reports.failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
                 f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
@@ -181,7 +178,7 @@ class PrivateRelay:
         except UpstreamError as exc:
             if trail is not None and (exc.kind in NOT_SENT or exc.sent_nothing):
                 trail.offered = offered  # the backend never had the prompt
-            self._failed(exchange, backend, exc)
+            self._reports.failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             gone = moved() if exc.kind == "retired" else None  # the completion says why
             raise TryNext(
@@ -202,7 +199,7 @@ class PrivateRelay:
             if exchange.response_started:
                 raise
             # Broke off before the client saw a byte: another backend may serve it.
-            self._failed(exchange, backend, exc)
+            self._reports.failed(exchange, backend, exc)
             raise TryNext(
                 f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
             ) from exc
@@ -220,35 +217,8 @@ class PrivateRelay:
         """A whole answer to a stream request, less its `owngate-` comment lines."""
         comments = CommentFilter()
         data = comments.feed(data) + comments.flush()
-        self._stripped(backend, comments.stripped)
+        self._reports.stripped(backend, comments.stripped)
         return data
-
-    def _stripped(self, backend: str, lines: int) -> None:
-        """Count the `owngate-` comment lines a backend's answer held (`CommentFilter`)
-        and say so, at most once a minute per backend (how many since, never what)."""
-        if not lines:
-            return
-        self._metrics.sse_comments_stripped(backend, lines)
-        said = self._strip_reports.note(backend, asyncio.get_running_loop().time(), lines)
-        if said:
-            self._log.warning(
-                "backend answer held owngate comment lines: removed", backend=backend, lines=said
-            )
-
-    def _failed(self, exchange: Exchange, backend: BackendState, error: UpstreamError) -> None:
-        if error.kind == "tls":  # on connecting, or an alert after it: say why, where
-            # operators look (the gateway's words and OpenSSL's, never the backend's body)
-            self._log.warning("backend refused: TLS", backend=backend.id, reason=error.detail)
-        elif error.kind == "exhausted":  # the process's state: a line a minute, with a count
-            said = self._strip_reports.note("exhausted", asyncio.get_running_loop().time())
-            if said:
-                self._log.error(
-                    "out of file descriptors: backend connections refused",
-                    reason=error.detail,
-                    requests=said,
-                )
-        self._metrics.upstream_error(backend.id, error.kind)
-        exchange.upstream_error = error.kind
 
     async def _relay(
         self,
@@ -369,7 +339,7 @@ class PrivateRelay:
                 raise  # timed out or broke off: the caller may try another backend
             # Not the backend's failure (a client can ask for a huge answer), nor one that
             # another backend would answer differently: no failover, no breaker.
-            self._failed(exchange, backend, exc)
+            self._reports.failed(exchange, backend, exc)
             raise GatewayError(
                 ErrorCode.upstream_error,
                 f"the backend's answer is larger than the gateway relays ({limit} bytes, "

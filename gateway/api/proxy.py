@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 from gateway.api.attempt_errors import attempt_error, stopped
+from gateway.api.attempt_media import media_narrowed, media_refusal
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, decide, withdrawn_by_reload
@@ -236,7 +237,7 @@ class Proxy:
                         continue
                     prepared = None
                     if attempt.private and media is not None:  # before its dispatch record
-                        refused = _media_refusal(media, registry, attempt)
+                        refused = media_refusal(media, registry, attempt)
                         if refused is not None:  # not sent: no record, the next one may serve
                             outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
                             if unsent is None:
@@ -262,7 +263,7 @@ class Proxy:
                         withdrawn_by_reload, self._trust, registry, decided, attempt, plan
                     )
                     if attempt.private and media is not None:  # and a narrowed `media_urls`
-                        moved = partial(_media_narrowed, moved, media, registry, attempt)
+                        moved = partial(media_narrowed, moved, media, registry, attempt)
                     relay: Callable[[Connection | None], Awaitable[None]]
                     connect: Callable[[], Awaitable[Connection]] | None = None
                     if attempt.private:  # connected first: the dispatch record names its peer
@@ -377,25 +378,3 @@ def _not_logged(error: GatewayError, exchange: Exchange, logged: LogEntry | None
         and trail is not None
         and trail.dispatch is logged
     )
-
-
-def _media_refusal(media: MediaRefs, registry: Registry, attempt: Attempt) -> GatewayError | None:
-    """The 400 for `media` at `attempt`'s private backend: under its `media_urls` in the
-    request's config and, after a config reload, in the newest one too (a reload that
-    narrowed it reaches every send after it, as a narrowed policy does)."""
-    refused = media.refusal(attempt.backend.config.media_urls)
-    newest = registry.newest(attempt.backend.id)
-    if refused is None and newest is not None and newest is not attempt.backend:
-        refused = media.refusal(newest.config.media_urls)
-    return refused
-
-
-def _media_narrowed(
-    withdrawn: Callable[[], str | None], media: MediaRefs, registry: Registry, attempt: Attempt
-) -> str | None:
-    """`withdrawn` (`withdrawn_by_reload`), or why a config reload since the media check
-    narrowed the backend's `media_urls` below the request's URLs."""
-    reason = withdrawn()
-    if reason is None and _media_refusal(media, registry, attempt) is not None:
-        reason = f"{attempt.backend.id}: its media_urls narrowed by a config reload"
-    return reason

@@ -23,26 +23,22 @@ from typing import Any
 
 from gateway.api.exchange import Exchange, cut_status
 from gateway.api.receipts import ReceiptStore
+from gateway.api.record_refs import RecordRefs
 from gateway.api.recorder_log import open_log
 from gateway.api.refusal import Refused
 from gateway.api.trail import Trail
 from gateway.canonical import canonical_json_of_plain
-from gateway.config.facts import facts_of
 from gateway.config.schema import ProvenanceSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.policy import Decision
 from gateway.provenance import (
-    BackendRef,
     LogEntry,
     LogUnavailableError,
-    PolicyRef,
     ProvenanceError,
     ProvenanceLog,
     Receipt,
-    Retention,
     Salts,
-    TraceStep,
     Usage,
     Verifier,
     commit,
@@ -85,9 +81,7 @@ class Recorder:
         self._events = get_logger("owngate.provenance")
         # Receipts whose signing raised (the answer went out without one): a metric.
         self.receipt_failures = 0
-        # Per backend config / per policy decision: what records repeat, built once.
-        self._backend_refs: dict[int, tuple[object, BackendRef]] = {}
-        self._traces: dict[int, tuple[Decision, PolicyRef, tuple[TraceStep, ...]]] = {}
+        self._refs = RecordRefs()  # what records repeat, built once
 
     async def open(self) -> None:
         """Load the signing key and open the log (raises OSError or ProvenanceError)."""
@@ -133,7 +127,7 @@ class Recorder:
             # host, another party, could test guesses of this answer against the log.
             trail.salts = replace(trail.salts, response=Salts.generate().response)
         request_id = exchange.request_id.decode()
-        policy, trace = self._decided(decision)
+        policy, trace = self._refs.decided(decision)
         record = dispatch_record(
             request_id=request_id,
             time=datetime.now(UTC),
@@ -141,7 +135,7 @@ class Recorder:
             model=exchange.model,
             policy=policy,
             trace=trace,
-            backend=self._backend_ref(backend),
+            backend=self._refs.backend(backend),
             fallback_reason=exchange.fallback,
             fallback_basis=exchange.fallback_basis if exchange.fallback is not None else None,
             provider_model=exchange.provider_model,
@@ -309,7 +303,7 @@ class Recorder:
         append is waited for, and if it landed the trail keeps it (`trail.refusal`, its
         receipt) before the cancellation goes on, so that the cut answers with the refusal
         the log holds (`TenantSurface._cut`), not with a 503 the log never says."""
-        policy, trace = self._decided(refused.decision)
+        policy, trace = self._refs.decided(refused.decision)
         record = refusal_record(
             request_id=exchange.request_id.decode(),
             time=datetime.now(UTC),
@@ -337,39 +331,6 @@ class Recorder:
             raise _unavailable() from exc
         self._receipt_kept(exchange, trail, entry, sealing)
         trail.refusal = entry
-
-    def _decided(self, decision: Decision) -> tuple[PolicyRef, tuple[TraceStep, ...]]:
-        """The policy reference and trace of a decision (decisions are cached: so is this)."""
-        found = self._traces.get(id(decision))
-        if found is not None and found[0] is decision:
-            return found[1], found[2]
-        if len(self._traces) >= 4096:
-            self._traces.clear()
-        policy = PolicyRef(decision.policy_id, decision.policy_version, decision.policy_digest)
-        trace = tuple(TraceStep(t.backend, t.verdict, t.rule) for t in decision.trace)
-        self._traces[id(decision)] = (decision, policy, trace)
-        return policy, trace
-
-    def _backend_ref(self, backend: BackendState) -> BackendRef:
-        """The declared facts the policy judged, as the record states them."""
-        config = backend.config
-        found = self._backend_refs.get(id(config))
-        if found is not None and found[0] is config:
-            return found[1]
-        facts = facts_of(config)
-        ref = BackendRef(
-            id=facts.id,
-            tier=facts.tier,
-            kind=facts.kind,
-            provider=facts.provider,
-            owner=facts.owner,
-            region=facts.region,
-            retention=Retention(facts.retention_days, facts.zero_data_retention, facts.training),
-        )
-        if len(self._backend_refs) >= 4096:
-            self._backend_refs.clear()
-        self._backend_refs[id(config)] = (config, ref)
-        return ref
 
     def receipt(self, request_id: str, tenant: str) -> tuple[asyncio.Future[bytes], int] | None:
         """The receipt of a recent request (being signed, or signed), only for the tenant

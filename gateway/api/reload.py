@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.api.reload_parts import Adjusted, adjustable, put_back, replaced_backends, retire
 from gateway.api.reload_pins import ADMIN_RESTART_ONLY, RESTART_ONLY, changes, pin_restart_only
 from gateway.config.loader import ConfigError, load_config_file, unquoted
 from gateway.config.schema import GatewaySettings
@@ -48,8 +49,6 @@ from gateway.settling import Settling
 
 if TYPE_CHECKING:
     from gateway.api.parts import Assembly
-    from gateway.api.proxy import Proxy
-    from gateway.routing.registry import BackendState
 
 __all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "ConfigReloader"]
 
@@ -124,7 +123,7 @@ class ConfigReloader:
         """A worker of `serve --workers N` a read of whose files failed (unreadable) since
         the last that succeeded: its config (a key revoked?) may be older than its
         siblings'. It refuses requests and is not ready until a read succeeds, retried at
-        every look (`TenantSurface.refuse_if_stale`). One process: never."""
+        every look (`TenantAuth.refuse_if_stale`). One process: never."""
         return self.among_workers and self._behind
 
     def _files(self) -> list[Path]:
@@ -253,7 +252,7 @@ class ConfigReloader:
         read = running.policies.current
         # What assembling adjusts in the running backends it keeps (breaker settings, a
         # tenant's share of connections): put back if the assembly is not installed.
-        adjusted = _adjustable(running)
+        adjusted = adjustable(running)
         paths = tuple(self.path.parent / p for p in (fresh.policy.paths if fresh.policy else ()))
         # And the TLS files it names: a refused config's new CA (invalid when read, written
         # after gateway.yaml or caught half written) is no running backend's file; without
@@ -306,13 +305,9 @@ class ConfigReloader:
         self._log.info(
             "config reloaded", **changes(running.config, fresh), tls_files_changed=tls_changed
         )
-        retiring = [
-            b
-            for b in running.registry.backends.values()
-            if parts.registry.backends.get(b.id) is not b
-        ]
+        retiring = replaced_backends(running, parts)
         timeout = fresh.limits.drain_timeout_s
-        task = asyncio.create_task(self._retire(requests, timeout, retiring, running.proxy))
+        task = asyncio.create_task(retire(requests, timeout, retiring, running.proxy))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
@@ -325,20 +320,13 @@ class ConfigReloader:
         backoff = 2 ** min(self._unreadable, _UNREADABLE_MAX_DOUBLINGS)
         self._retry_in = 1 if self.among_workers else backoff
 
-    def _discard(self, parts: Assembly, running: Assembly, adjusted: _Adjusted) -> None:
+    def _discard(self, parts: Assembly, running: Assembly, adjusted: Adjusted) -> None:
         """Undo what an assembly never installed did: put back the running backends'
-        settings it adjusted (`_adjustable`), close its own backends' pools (those it
+        settings it adjusted (`adjustable`), close its own backends' pools (those it
         shares with the running one stay) and its proxy."""
-        for backend, (settings, cap) in adjusted.items():
-            backend.breaker.settings = settings
-            if backend.pool is not None:
-                backend.pool.share.cap = cap
-        own = [
-            b
-            for b in parts.registry.backends.values()
-            if running.registry.backends.get(b.id) is not b
-        ]
-        task = asyncio.create_task(self._retire((), 0.0, own, parts.proxy))
+        put_back(adjusted)
+        own = replaced_backends(parts, running)
+        task = asyncio.create_task(retire((), 0.0, own, parts.proxy))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -346,21 +334,6 @@ class ConfigReloader:
         self._text = ""
         config, self._text = load_config_file(self.path, env=self._environ)
         return self._prepare(config)
-
-    async def _retire(
-        self,
-        requests: Collection[asyncio.Task[Any]],
-        timeout: float,
-        backends: list[BackendState],
-        proxy: Proxy,
-    ) -> None:
-        """Close what the old config used once the requests running at the swap are done."""
-        if requests:
-            await asyncio.wait(requests, timeout=timeout)
-        for backend in backends:
-            if backend.pool is not None:
-                await backend.pool.close()
-        await proxy.close()
 
     def _succeeded(self) -> None:
         self._behind = False
@@ -392,18 +365,6 @@ class ConfigReloader:
             "last_reload_error": self.last_error,
             "reload_failures": self.reload_failures,
         }
-
-
-_Adjusted = dict["BackendState", tuple[Any, "int | None"]]
-
-
-def _adjustable(running: Assembly) -> _Adjusted:
-    """The settings of the running backends that assembling a new config adjusts in the
-    backends it keeps (gateway/app.py `_keep_unchanged_backends`), as they are now."""
-    return {
-        b: (b.breaker.settings, None if b.pool is None else b.pool.share.cap)
-        for b in running.registry.backends.values()
-    }
 
 
 def _tls_paths(config: GatewaySettings, directory: Path) -> tuple[Path, ...]:

@@ -18,7 +18,7 @@ __all__ = ["TenantReads"]
 
 class TenantReads:
     """The handlers of the tenant's read-only paths, reading `runtime` on each request and
-    authenticating it with `authenticate` (`TenantSurface.authenticate`)."""
+    authenticating it with `authenticate` (`TenantAuth.authenticate`)."""
 
     def __init__(self, runtime: Runtime, authenticate: Callable[[Scope], TenantEntry]) -> None:
         self._runtime = runtime

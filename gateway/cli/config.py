@@ -1,7 +1,7 @@
 """`owngate config validate`: check a config file with the same code the server uses.
 
 It loads the file as `owngate serve` does, then builds the gateway from it as `serve`
-does before it listens (`gateway.app.validate`, the same `assemble`): the backend
+does before it listens (`gateway.validation.validate`, the same `assemble`): the backend
 registry, the tenant key index, the trust policies compiled against the backends, the
 key variables each backend names in this environment, and the provenance log's keys and
 directory (checked, never opened for writing). Every problem is printed in one run.
@@ -59,8 +59,8 @@ def register(subparsers: Any) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gateway.app import validate
     from gateway.config.loader import unquoted
+    from gateway.validation import validate
 
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)

@@ -21,12 +21,11 @@ from gateway.config.admin import (
     AdminSettings,
     AdminTokenSettings,
 )
+from gateway.config.backend_trust import AttestSettings, BackendTLSSettings
 from gateway.config.backends import (
     PRIVATE_KINDS,
-    AttestSettings,
     BackendKind,
     BackendSettings,
-    BackendTLSSettings,
     CapacitySettings,
     ModelSettings,
     RetentionSettings,

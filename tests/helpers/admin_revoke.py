@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admin import app as admin_module
+from gateway.admin import keys as admin_keys
 from gateway.admin.models import ActionResult
 from gateway.api.app import GatewayApp
 from gateway.app import admin_app
@@ -27,7 +27,7 @@ def record_outcomes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             action="key_revoke", changed=True, change_digest="0" * 64, log_index=len(outcomes)
         )
 
-    monkeypatch.setattr(admin_module, "_act", act)
+    monkeypatch.setattr(admin_keys, "act", act)
     return outcomes
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.api import openai
+from gateway.api import tenant_auth
 from gateway.app import create_app
 from gateway.asgi import header_values
 from gateway.config import load_config
@@ -142,7 +142,7 @@ def test_the_key_is_read_and_hashed_once_looked_up_twice(
         looked_up.append(digest)
         return is_revoked(digest)
 
-    monkeypatch.setattr(openai, "header_values", reading)
+    monkeypatch.setattr(tenant_auth, "header_values", reading)
     monkeypatch.setattr(app.parts.state, "is_revoked", looking_up)
     server = ServerThread(app).start()
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.admin.app import AdminControl
+from gateway.admin.control import AdminControl
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
 from gateway.policy import PolicyIssue

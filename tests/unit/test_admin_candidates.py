@@ -15,7 +15,7 @@ from typing import Literal
 import httpx
 from fastapi import FastAPI
 
-from gateway.admin.app import AdminControl
+from gateway.admin.control import AdminControl
 from gateway.admin.models import MAX_CANDIDATE_BYTES
 from gateway.admin.report import MAX_WAITING_REPORTS
 from gateway.app import admin_app, create_app

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.admin.app import AdminControl
+from gateway.admin.control import AdminControl
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
 from tests.helpers.gateways import backend, hosted_backend

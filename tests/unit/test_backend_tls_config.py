@@ -13,7 +13,6 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from gateway.app import validate
 from gateway.cli.main import main
 from gateway.config import ConfigError, parse_config
 from gateway.pki import fact_uris, issue, make_ca
@@ -21,6 +20,7 @@ from gateway.policy import BackendFacts, PolicySet, parse_policies
 from gateway.provenance import RecordError, dispatch_record, validate_record
 from gateway.provenance.testing import EXAMPLE_BACKEND, EXAMPLE_POLICY, seeded_signer
 from gateway.upstream.tls import facts_from_uris, retention_terms, spki_sha256
+from gateway.validation import validate
 from tests.helpers.gateways import backend, gateway_config
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -5,12 +5,9 @@ reading and printing their figures, attest_report.py)."""
 
 from __future__ import annotations
 
+from tests.helpers.module_size import long_modules
 from tests.helpers.paths import REPO_ROOT
 
 
 def test_bench_modules_stay_small() -> None:
-    package = REPO_ROOT / "bench" / "owngate_bench"
-    modules = sorted(package.rglob("*.py"))
-    assert modules  # the package is where this test looks
-    for path in modules:
-        assert len(path.read_text().splitlines()) < 400, path.name
+    assert long_modules(REPO_ROOT / "bench" / "owngate_bench") == []

@@ -12,8 +12,9 @@ import asyncio
 from pathlib import Path
 
 from gateway.api.app import GatewayApp
-from gateway.app import assemble, validate
+from gateway.app import assemble
 from gateway.upstream.sockets import hosted_share
+from gateway.validation import validate
 from tests.helpers.gateways import backend, gateway_config
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import AssemblyError, assemble, validate
+from gateway.app import AssemblyError, assemble
 from gateway.config.schema import GatewaySettings
 from gateway.state import (
     WORKERS_ENV,
@@ -25,6 +25,7 @@ from gateway.state import (
     limit_part,
     unsplittable,
 )
+from gateway.validation import validate
 from gateway.workers import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import backend, gateway_config

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import AssemblyError, assemble, validate
+from gateway.app import AssemblyError, assemble
 from gateway.config.schema import LimitSettings
 from gateway.state import WORKERS_ENV
 from gateway.tenants import hash_api_key
 from gateway.upstream.tenant_share import TenantShare, share_cap, share_unsplittable
+from gateway.validation import validate
 from gateway.workers import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config
 

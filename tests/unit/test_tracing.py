@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.api.exchange import Exchange
-from gateway.app import validate
 from gateway.config.backends import BackendSettings
 from gateway.tracing import TracingSettings, tracing_settings
 from gateway.tracing.spans import RequestTracer
+from gateway.validation import validate
 from tests.helpers.gateways import backend, gateway_config
 
 ENDPOINT = "http://collector.internal:4318"

@@ -1,0 +1,37 @@
+"""A request's media URLs at one attempt's private backend while the config reloads
+(gateway/api/proxy.py): judged under the backend's `media_urls` in the request's config
+and in the newest one, and, once the media check passed, a reload that narrowed them since
+withdrawing the attempt before it sends (gateway/api/private_media.py judges the URLs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.api.private_media import MediaRefs
+from gateway.errors import GatewayError
+from gateway.routing.registry import Registry
+from gateway.routing.router import Attempt
+
+__all__ = ["media_narrowed", "media_refusal"]
+
+
+def media_refusal(media: MediaRefs, registry: Registry, attempt: Attempt) -> GatewayError | None:
+    """The 400 for `media` at `attempt`'s private backend: under its `media_urls` in the
+    request's config and, after a config reload, in the newest one too (a reload that
+    narrowed it reaches every send after it, as a narrowed policy does)."""
+    refused = media.refusal(attempt.backend.config.media_urls)
+    newest = registry.newest(attempt.backend.id)
+    if refused is None and newest is not None and newest is not attempt.backend:
+        refused = media.refusal(newest.config.media_urls)
+    return refused
+
+
+def media_narrowed(
+    withdrawn: Callable[[], str | None], media: MediaRefs, registry: Registry, attempt: Attempt
+) -> str | None:
+    """`withdrawn` (`withdrawn_by_reload`), or why a config reload since the media check
+    narrowed the backend's `media_urls` below the request's URLs."""
+    reason = withdrawn()
+    if reason is None and media_refusal(media, registry, attempt) is not None:
+        reason = f"{attempt.backend.id}: its media_urls narrowed by a config reload"
+    return reason
