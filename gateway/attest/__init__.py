@@ -8,9 +8,10 @@ without uvicorn or ASGI); `serve` and `AttestThread` run it; `listener_context` 
 when it is the backend's mutual-TLS endpoint.
 """
 
-from gateway.attest.app import AttestRelay, AttestSettings
+from gateway.attest.app import AttestRelay
 from gateway.attest.listener import listener_context
 from gateway.attest.notary import Notary
 from gateway.attest.server import AttestThread, serve
+from gateway.attest.settings import AttestSettings
 
 __all__ = ["AttestRelay", "AttestSettings", "AttestThread", "Notary", "listener_context", "serve"]

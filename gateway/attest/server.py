@@ -20,9 +20,10 @@ from types import TracebackType
 
 import uvloop
 
-from gateway.attest.app import AttestRelay, AttestSettings
+from gateway.attest.app import AttestRelay
 from gateway.attest.listener import SHUTDOWN_TIMEOUT_S, TlsAcceptor
 from gateway.attest.protocol import Listener
+from gateway.attest.settings import AttestSettings
 from gateway.config.schema import ListenSettings
 from gateway.listener_limits import ListenerLimits
 from gateway.serving import bind_socket, settle_heap
