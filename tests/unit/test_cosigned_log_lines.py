@@ -22,6 +22,7 @@ from gateway.provenance import LogVerificationError, ProvenanceLog, Signer, veri
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.formats.layout import cosigned_path, list_history
 from gateway.provenance.testing import log_request, seeded_signer
+from tests.helpers.provenance import run_audit
 
 ORIGIN = "test.owngate/cosigned-log-lines"
 WITNESS = Cosigner(seeded_signer("witness.example/w1"))
@@ -116,3 +117,59 @@ def test_an_earlier_checkpoints_cosigned_file_needs_its_own_lines(
             witnesses=[WITNESS.vkey],
             now=NOW,
         )
+
+
+# --- `audit prove --cosigned` -------------------------------------------------------------
+
+
+def _prove(directory: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = run_audit(["prove", str(directory), "req-0", "--cosigned"])
+    printed = capsys.readouterr()
+    return code, printed.out, printed.err
+
+
+def _rewrite_newest_cosigned(directory: Path, log_lines: bytes, size: int | None = None) -> str:
+    """`cosigned/<size>` (the newest history size by default) as the newest history note's
+    text, `log_lines` and the witness's line; returns the witness line."""
+    newest = list_history(directory)[-1][1].read_bytes()
+    text = newest.partition(b"\n\n")[0] + b"\n"
+    line = WITNESS.cosign(text.decode(), 1_700_000_000).line()
+    path = cosigned_path(directory, size if size is not None else list_history(directory)[-1][0])
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(text + b"\n" + log_lines + line.encode())
+    return line
+
+
+def test_prove_cosigned_quotes_the_logs_note_with_the_witness_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    signer = seeded_signer(ORIGIN, 1)
+    _phase(tmp_path, signer, [], 0)
+    _cosign_history(tmp_path)
+    code, out, err = _prove(tmp_path, capsys)
+    assert code == 0, err
+    newest = list_history(tmp_path)[-1][1].read_bytes()
+    assert newest.decode() in out and WITNESS.name in out
+
+
+@pytest.mark.parametrize("which", ["none", "forged", "beside", "no-history-size"])
+def test_prove_cosigned_refuses_a_note_without_the_logs_own_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str
+) -> None:
+    # Before: the cosigned file went into the proof unchecked: with no log line, a forged
+    # one, a forged one beside the genuine one, or at a size the log never signed.
+    signer = seeded_signer(ORIGIN, 1)
+    _phase(tmp_path, signer, [], 0)
+    size, newest = list_history(tmp_path)[-1]
+    genuine = newest.read_bytes().partition(b"\n\n")[2]
+    lines = {
+        "none": b"",
+        "forged": _forged_line(signer),
+        "beside": genuine + _forged_line(signer),
+        "no-history-size": genuine,
+    }[which]
+    _rewrite_newest_cosigned(tmp_path, lines, size - 1 if which == "no-history-size" else None)
+    code, out, err = _prove(tmp_path, capsys)
+    assert code == 1, out + err
+    assert "FAILED: cosigned/" in err and "no proof against it" in err, err
+    assert out == ""
