@@ -23,6 +23,7 @@ from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
 from gateway.provenance.formats.attestation import one_key_per_backend
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import MAX_HISTORY, MAX_NOTE_FILE
+from gateway.provenance.keys import MAX_KEYS_FILE
 from gateway.small_files import read_small_file
 
 __all__ = [
@@ -234,9 +235,11 @@ def saved_checkpoint(name: str) -> bytes:
 
 
 def witness_key(text: str) -> CosignatureVerifier:
-    """A witness key given directly, or the first key line of a file."""
-    if "+" not in text and Path(text).is_file():
-        lines = [line.strip() for line in Path(text).read_text().splitlines()]
+    """A witness key given directly, or the first key line of a file (read as `--key`'s
+    file is: a regular file of at most 1 MiB, opened without waiting; OSError else)."""
+    if "+" not in text or Path(text).is_file():
+        content = read_small_file(Path(text), MAX_KEYS_FILE).decode("utf-8")
+        lines = [line.strip() for line in content.splitlines()]
         text = next((line for line in lines if line and not line.startswith("#")), "")
     return CosignatureVerifier(text)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from gateway.cli.audit_flags import (
@@ -17,8 +18,9 @@ from gateway.provenance import (
 )
 from gateway.provenance.audit.shown import quoted, shown
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.formats.layout import newest_cosigned, read_log_file
+from gateway.provenance.formats.layout import history_path, newest_cosigned, read_log_file
 from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.note import _parse_signature_line, _split_note
 from gateway.provenance.formats.tiles import TileReader
 
 __all__ = ["add_prove"]
@@ -73,6 +75,7 @@ def _prove(args: argparse.Namespace) -> int:
             return 1
         size, path = covering
         note, where = read_log_file(path), f"cosigned/{path.name}"
+        _check_log_lines(note, where, _read_history(log.path, size, where))
     _check_printable(note, where)
     entry = log.bundle(index // 256, size)[index % 256]
     hashes = inclusion_proof(index, size, TileReader(log.path, size).node)
@@ -95,3 +98,48 @@ def _check_printable(note: bytes, name: str) -> None:
             f"the {name} file holds {shown(bad)}, a control or format character: no "
             "proof quoting it is written (it would reach the terminal as is)"
         )
+
+
+def _read_history(directory: Path, size: int, where: str) -> bytes:
+    """The log's own note of `size` (`checkpoints/`), the one a cosigned file must carry."""
+    try:
+        return read_log_file(history_path(directory, size))
+    except FileNotFoundError as exc:
+        raise MalformedError(
+            f"{where}: the log has no checkpoint of that size in checkpoints/, so it carries "
+            "no checkpoint the log signed: no proof against it"
+        ) from exc
+
+
+def _check_log_lines(note: bytes, where: str, history: bytes) -> None:
+    """Refuse a cosigned note that is not the log's own signed note of its size with lines
+    added: its checkpoint text must be the history note's, it must carry a signature line
+    of that note, and every line under a key that signed it must be one of its own, byte
+    for byte. No key is given to `prove`, so the log's lines are those of its history
+    note; before, a cosigned file without them, or with a forged one, went into the proof
+    (which `proof verify` then failed, or, with the witness lines, seemed witnessed)."""
+    text, lines = _split_note(note)
+    known_text, known_lines = _split_note(history)
+    name = f"checkpoints/{where.rpartition('/')[2]}"
+    if text != known_text:
+        raise MalformedError(f"{where} holds another checkpoint than {name}: no proof against it")
+    known = set(known_lines)
+    signers = {_key_of(line) for line in known_lines}
+    carried = 0
+    for line in lines:
+        if _key_of(line) in signers:
+            if line not in known:
+                raise MalformedError(
+                    f"{where} has a line under the log's key that is not {name}'s own: "
+                    "no proof against it"
+                )
+            carried += 1
+    if not carried:
+        raise MalformedError(
+            f"{where} carries none of the log's signature lines ({name}): no proof against it"
+        )
+
+
+def _key_of(line: str) -> tuple[str, int]:
+    signature = _parse_signature_line(line)
+    return signature.name, signature.key_id

@@ -18,11 +18,17 @@ from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Signer, Verifier, valid_key_name
 from gateway.small_files import read_small_file
 
-__all__ = ["generate_signing_key", "load_signer", "load_verifiers", "write_signing_key"]
+__all__ = [
+    "MAX_KEYS_FILE",
+    "generate_signing_key",
+    "load_signer",
+    "load_verifiers",
+    "write_signing_key",
+]
 
 # A key line is about 100 bytes; a file this large is something else named by mistake.
 _MAX_KEY_FILE = 4096
-_MAX_KEYS_FILE = 1 << 20  # a file of verifier keys, one a line
+MAX_KEYS_FILE = 1 << 20  # a file of verifier keys, one a line
 
 
 def generate_signing_key(
@@ -110,7 +116,7 @@ def load_verifiers(keys: list[str]) -> list[Verifier]:
         if "+" not in item or candidate.is_file():
             # Bounded and never waiting: a FIFO named by mistake blocked the open for ever,
             # /dev/zero was read until memory ran out (`read_small_file`).
-            text = read_small_file(candidate, _MAX_KEYS_FILE).decode("utf-8")
+            text = read_small_file(candidate, MAX_KEYS_FILE).decode("utf-8")
             lines = text.splitlines()
             verifiers.extend(Verifier(line) for line in lines if line.strip())
         else:

@@ -8,6 +8,8 @@ import contextlib
 import errno
 import io
 import os
+import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -146,3 +148,13 @@ class Held:
             self.entered.set()
             self.release.wait(60)
         return self.method(*args)
+
+
+def socket_in_place(path: Path) -> None:
+    """Replace the file at `path` with a UNIX socket file (bound at a short path, then
+    moved: a bind takes at most 107 bytes of path, a test's tmp path can be longer)."""
+    path.unlink()
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:
+        with socket.socket(socket.AF_UNIX) as bound:
+            bound.bind(f"{short}/s")
+        os.rename(f"{short}/s", path)

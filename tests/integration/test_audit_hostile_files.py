@@ -30,6 +30,7 @@ from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import log_request, seeded_signer
 from tests.helpers.paths import REPO_ROOT
 from tests.helpers.processes import owngate_argv
+from tests.helpers.provenance import socket_in_place
 
 ORIGIN = "gateway.example/log/hostile-files"
 SIGNER = seeded_signer(ORIGIN)
@@ -121,6 +122,18 @@ def test_a_symlink_loop_in_place_of_a_log_file_is_refused_as_a_fifo_is(
     done = _audit(copy)
     assert done.returncode == 1, done.stderr
     assert "FAILED" in done.stderr and "Too many levels of symbolic links" in done.stderr
+    assert "Errno" not in done.stderr, done.stderr
+    assert name.rpartition("/")[2] in done.stderr
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "history", "tile", "bundle", "wal"])
+def test_a_socket_in_place_of_a_log_file_is_refused_as_a_fifo_is(copy: Path, which: str) -> None:
+    # Before: exit 2 (a usage error) with a bare "[Errno 6] No such device or address".
+    name = _name(copy, which)
+    socket_in_place(copy / name)
+    done = _audit(copy)
+    assert done.returncode == 1, done.stderr
+    assert "FAILED" in done.stderr and "No such device or address" in done.stderr
     assert "Errno" not in done.stderr, done.stderr
     assert name.rpartition("/")[2] in done.stderr
 

@@ -170,6 +170,19 @@ def test_a_bad_time_or_field_in_the_state_is_refused(
         WitnessState.open(state)
 
 
+@pytest.mark.parametrize("version", [True, 1.0, "1"])
+def test_a_state_version_other_than_the_integer_1_is_refused(
+    tmp_path: Path, version: object
+) -> None:
+    # Before: `true` and `1.0` compared equal to 1 and loaded, as receipts' `v` did (a
+    # state another tool writes, or reads as an integer, is then one file, two readings).
+    root = base64.b64encode(b"\x00" * 32).decode()
+    state = tmp_path / "witness.json"
+    state.write_text(json.dumps({"v": version, "logs": {ORIGIN: {"size": 1, "root": root}}}))
+    with pytest.raises(MalformedError, match="witness state version"):
+        WitnessState.open(state)
+
+
 def test_an_older_state_file_without_time_still_loads(tmp_path: Path, real_log: RealLog) -> None:
     root = base64.b64encode(real_log.checkpoint(2).root).decode()
     state = tmp_path / "witness.json"

@@ -44,6 +44,7 @@ def _commands(logdir: str, receipt: str, fifo: str) -> dict[str, list[str]]:
     return {
         "verify --key FILE": ["audit", "verify", logdir, "--key", fifo],
         "receipt verify --key FILE": ["audit", "receipt", "verify", receipt, "--key", fifo],
+        "verify --witness-key FILE": ["audit", "verify", logdir, *key, "--witness-key", fifo],
         "verify --checkpoint": ["audit", "verify", logdir, *key, "--checkpoint", fifo],
         "report --checkpoint": ["audit", "report", logdir, *key, *report, "--checkpoint", fifo],
         "verify --attest-checkpoint": [

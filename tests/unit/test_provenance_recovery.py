@@ -29,6 +29,7 @@ from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.store import LogStore
+from tests.helpers.provenance import socket_in_place
 
 ORIGIN = "gateway.example/log/recovery"
 SIGNER = seeded_signer(ORIGIN)
@@ -382,3 +383,14 @@ def test_a_tile_directory_the_system_cannot_read_is_named_not_called_damaged(
     store = LogStore.open(tmp_path, ORIGIN, [SIGNER])
     store.close()
     assert store.size == 300 and store.recovery.rewritten == ()
+
+
+def test_a_socket_in_place_of_an_entry_bundle_is_damage_not_an_unreadable_disk(
+    tmp_path: Path,
+) -> None:
+    # A socket where the bundle was (ENXIO on open) is no file, as a FIFO there is: the
+    # log is damaged. Before, the open called it a disk to make usable and restart.
+    _log_of_sizes(tmp_path, 300)
+    socket_in_place(tmp_path / "tile/entries/000")
+    with pytest.raises(LogCorruptedError, match="000"):
+        LogStore.open(tmp_path, ORIGIN, [SIGNER])

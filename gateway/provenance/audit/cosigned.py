@@ -146,7 +146,11 @@ def _cosigned_checkpoint(
     except MalformedError as exc:
         raise _fail(f"{name}: {exc}") from exc
     known = by_size.get(size)
-    if known is not None and known.signatures.text == text and _log_lines_known(lines, known):
+    if (
+        known is not None
+        and known.signatures.text == text
+        and _log_lines_known(lines, known, verifiers)
+    ):
         return checkpoint  # the very checkpoint the history holds (and has checked)
     try:
         checkpoint = open_checkpoint(data, verifiers, origin=newest.origin).checkpoint
@@ -162,12 +166,19 @@ def _cosigned_checkpoint(
     return checkpoint
 
 
-def _log_lines_known(lines: list[str], known: SignedCheckpoint) -> bool:
+def _log_lines_known(
+    lines: list[str], known: SignedCheckpoint, verifiers: Sequence[Verifier]
+) -> bool:
     """Whether the file carries the log's signature as its history note does: at least one
-    line by a key that verified it, and every line by such a key one of that note's own,
-    byte for byte (an Ed25519 signature of one text is one line). Else the file's note is
-    opened in full: a file of checkpoint text and witness lines alone is no signed note."""
-    ids = {(signature.name, signature.key_id) for signature in known.signatures.verified}
+    line by a key that signed that note (one that verified it; for a checkpoint from
+    before a key rotation, `--accept-earlier-keys`, one of the earlier keys it names), and
+    every line by such a key or by any trusted key one of that note's own, byte for byte
+    (an Ed25519 signature of one text is one line). Else the file's note is opened in full:
+    a file of checkpoint text and witness lines alone is no signed note, and a line by a
+    trusted key is verified (a forged one beside the genuine line fails, as `open_note`)."""
+    signed = known.signatures.verified or known.signatures.unverified  # earlier: none verified
+    signing = {(signature.name, signature.key_id) for signature in signed}
+    trusted = {(verifier.name, verifier.key_id) for verifier in verifiers}
     history = set(_split_note(known.note)[1])
     found = False
     for line in lines:
@@ -175,8 +186,9 @@ def _log_lines_known(lines: list[str], known: SignedCheckpoint) -> bool:
             signature = _parse_signature_line(line)
         except MalformedError:
             return False
-        if (signature.name, signature.key_id) in ids:
+        named = (signature.name, signature.key_id)
+        if named in signing or named in trusted:
             if line not in history:
                 return False
-            found = True
+            found = found or named in signing
     return found

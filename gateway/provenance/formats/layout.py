@@ -38,6 +38,7 @@ __all__ = [
     "MAX_HISTORY",
     "MAX_HISTORY_BYTES",
     "MAX_NOTE_FILE",
+    "NOT_A_FILE",
     "WAL",
     "cosigned_path",
     "first_history_above",
@@ -65,16 +66,21 @@ MAX_HISTORY = 1_000_000
 MAX_HISTORY_BYTES = 256 << 20
 
 
+#: What opening a path that is no file says: a symlink loop, a socket or a device without
+#: a driver (ENXIO, ENODEV). Damage, as a FIFO there is, not a disk the system refuses.
+NOT_A_FILE = (errno.ELOOP, errno.ENXIO, errno.ENODEV)
+
+
 def read_log_file(path: Path, limit: int = MAX_NOTE_FILE) -> bytes:
     """The bytes of the log file at `path`, at most `limit`: FileNotFoundError when it is
-    absent, MalformedError when it is not a regular file (a symlink loop included) or is
-    larger, OSError otherwise."""
+    absent, MalformedError when it is not a regular file (a symlink loop, a socket or a
+    device included) or is larger, OSError otherwise."""
     try:
         return read_small_file(path, limit)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EFBIG, errno.ELOOP):
+        if exc.errno not in (errno.EINVAL, errno.EFBIG, *NOT_A_FILE):
             raise
         why = f"{exc.strerror}: a log file is a regular file of at most {limit} bytes"
         raise MalformedError(f"{path}: {why}") from exc

@@ -11,7 +11,6 @@ writer appends through `writer.segment_writer.SegmentWriter`.
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import struct
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from gateway.provenance.errors import MalformedError
-from gateway.provenance.formats.layout import is_index_name
+from gateway.provenance.formats.layout import NOT_A_FILE, is_index_name
 from gateway.provenance.formats.merkle import HASH_SIZE, leaf_hash
 
 __all__ = [
@@ -95,7 +94,7 @@ def _open_segment(path: Path) -> BinaryIO:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        if exc.errno != errno.ELOOP:  # a symlink loop: no file, as a FIFO is none
+        if exc.errno not in NOT_A_FILE:  # a symlink loop, a socket: no file, as a FIFO
             raise
         raise MalformedError(f"write-ahead segment wal/{path.name}: {exc.strerror}") from exc
     file = os.fdopen(fd, "rb")

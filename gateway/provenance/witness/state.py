@@ -131,7 +131,7 @@ def _load(path: Path) -> dict[str, TreeHead]:
         raise MalformedError(f"{path} is not a witness state file (invalid JSON)") from exc
     if not isinstance(data, dict) or set(data) != {"v", "logs"}:
         raise MalformedError(f"{path} is not a witness state file (needs 'v' and 'logs')")
-    if data["v"] != STATE_VERSION:
+    if type(data["v"]) is not int or data["v"] != STATE_VERSION:  # `true == 1` in Python
         raise MalformedError(f"{path}: witness state version {data['v']!r} is not supported")
     logs = data["logs"]
     if not isinstance(logs, dict):
