@@ -179,6 +179,21 @@ def assert_logged_as_received(
     assert audit(received, logdir, vkey, later_receipt=later, left=left) == []
 
 
+def assert_shape_failure_recorded(received: Received, logdir: Path, vkey: str) -> None:
+    """`received` is the 502 `upstream_error` of an answer of the wrong shape, and once a
+    signed checkpoint covers it the log says just that: a completion of 502, nothing
+    committed and no usage."""
+    assert received.status == 502, (received.status, received.headers, received.body)
+    error = json.loads(received.body)["error"]
+    assert error["code"] == "upstream_error" and "wrong shape" in error["message"]
+    request_id = received.headers["x-request-id"]
+    settled(logdir, vkey, request_id)
+    assert audit(received, logdir, vkey) == []
+    completion = request_log(logdir, vkey, request_id)[-1]
+    assert (completion["type"], completion["status"]) == ("completion", 502)
+    assert completion["response_commitment"] is None and completion["usage"] is None
+
+
 def private_answer_logged(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],

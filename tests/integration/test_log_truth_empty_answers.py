@@ -23,6 +23,7 @@ from tests.helpers.audit_rig import (
     JSON,
     WHOLE,
     assert_logged_as_received,
+    assert_shape_failure_recorded,
     client_gets,
     first_then,
     logged,
@@ -79,16 +80,8 @@ def test_an_answer_no_client_reads_is_a_502_and_recorded_so(
     raw = start_raw(writes(answer))
     gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
     received = client_gets(gateway, ask, path)
-    assert received.status == 502, (received.status, received.body)
     assert received.headers["content-type"] == "application/json"
-    error = json.loads(received.body)["error"]
-    assert error["code"] == "upstream_error" and "wrong shape" in error["message"]
-    request_id = received.headers["x-request-id"]
-    settled(tmp_path / "log", vkey, request_id)
-    assert audit(received, tmp_path / "log", vkey) == []
-    completion = request_log(tmp_path / "log", vkey, request_id)[-1]
-    assert (completion["type"], completion["status"]) == ("completion", 502)
-    assert completion["response_commitment"] is None and completion["usage"] is None
+    assert_shape_failure_recorded(received, tmp_path / "log", vkey)
 
 
 @pytest.mark.parametrize("first", ["204-chat", "200-empty", "304-chat"])
