@@ -51,6 +51,18 @@ def collector_off() -> Iterator[None]:
 
 
 @pytest.fixture
+def collector() -> Iterator[None]:
+    """Give the test process its collector back as it was (frozen objects, thresholds)
+    after a test of what `settle_heap` does to it."""
+    threshold = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+@pytest.fixture
 def start_sim() -> Iterator[Callable[..., Sim]]:
     """Start simulators: `start_sim("llamacpp", models=("m",), decode_tokens_per_s=50)`."""
     started: list[ServerThread] = []

@@ -8,25 +8,11 @@ import asyncio
 import gc
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from gateway.attest import AttestSettings, serve
 from gateway.provenance import write_signing_key
 from gateway.serving import bind_socket
-
-
-@pytest.fixture
-def collector() -> Iterator[None]:
-    """Give the test process its collector back as it was."""
-    threshold = gc.get_threshold()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
 
 
 def test_the_sidecar_freezes_its_startup_before_serving(tmp_path: Path, collector: None) -> None:

@@ -6,7 +6,6 @@ left by requests hold."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +13,6 @@ import pytest
 
 from gateway.cli import serve
 from gateway.cli._common import load_or_report
-
-
-@pytest.fixture
-def collector() -> Iterator[None]:
-    """Give the test process its collector back as it was."""
-    threshold = gc.get_threshold()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
 
 
 def test_settle_heap_freezes_startup_and_keeps_the_thresholds(collector: None) -> None:
