@@ -10,18 +10,29 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import yaml
 
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.serving import ServerThread
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import TENANT_KEY, Sim
+from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.waiting import until
-from tests.integration.test_reload_tenants import ACME, OTHER_KEY_HASH, write_config
 
+ACME = {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["*"]}
+OTHER_KEY_HASH = hash_api_key("og-test-a-new-key-for-acme-0123")
 _CHAT = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+
+
+def write_config(path: Path, url: str, tenants: list[dict[str, Any]]) -> None:
+    config = gateway_config([backend("gpu", url, "m")], tenants=tenants)
+    path.with_suffix(".tmp").write_text(
+        yaml.safe_dump(config.model_dump(mode="json", exclude_none=True))
+    )
+    path.with_suffix(".tmp").replace(path)  # atomic, as a deploy tool would write it
 
 
 def _statuses(url: str) -> dict[str, int]:
