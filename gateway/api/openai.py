@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PROXIED", "TenantSurface", "new_request_id"]
 
-_RETRY_SOON = ((b"retry-after", b"1"),)
 PROXIED: Final = {
     "/v1/chat/completions": ("chat", b"/v1/chat/completions"),
     "/v1/completions": ("completions", b"/v1/completions"),
