@@ -313,7 +313,13 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
             ready = {client.get("/readyz").status_code for _ in range(ROUND)}
         statuses = [answer.status_code for answer in answers]
         assert 200 not in statuses, statuses  # before: the stale worker's share
-        assert set(statuses) == {403, 503}, statuses  # the sibling's refusals, and its
+        # The worker's gateway.yaml watcher sees a policy directory's rename too, on a clock
+        # of its own: its look can come just after the limit is back (23 ms after the
+        # failed one, seen on a busy machine) and read the narrowed set. Then both workers
+        # enforce it and every answer is the sibling's kind of refusal: right, but the
+        # round shows no stale worker (it still shows no answer under the older set).
+        reread = read_after_failing(gateway.stderr()[before:], index)
+        assert set(statuses) == ({403} if reread and 503 not in statuses else {403, 503}), statuses
         for answer in answers:
             if answer.status_code == 503:
                 assert answer.headers["retry-after"] == "1"
@@ -324,7 +330,7 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
                 assert any(why in error["message"] for why in ("trust-policy", "config files")), (
                     error
                 )
-        assert ready == {200, 503}, ready
+        assert ready == {200, 503} or read_after_failing(gateway.stderr()[before:], index), ready
 
         def all_ready() -> bool:
             with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
@@ -336,6 +342,24 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
     finally:
         gateway.stop(signal.SIGTERM)
     assert_each_log_names_its_set(tmp_path / "log", vkey)
+
+
+def read_after_failing(stderr: str, worker: int) -> bool:
+    """Whether `worker`, after a failed policy read (whole lines of `stderr`), read the
+    files again and installed what it read: a policy set or a whole config."""
+    failed = False
+    for line in stderr.split("\n")[:-1]:
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        if entry.get("worker") != worker:
+            continue
+        event = entry.get("event", "")
+        if "policy reload failed" in event:
+            failed = True
+        elif failed and event in ("policy set loaded", "config reloaded"):
+            return True
+    return False
 
 
 def failed_on_content(stderr: str, worker: int) -> bool:
