@@ -39,7 +39,7 @@ def test_a_done_written_to_a_connection_the_client_reset_is_not_recorded_as_read
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    release, done_written = threading.Event(), threading.Event()
+    release, done_written, checked = threading.Event(), threading.Event(), threading.Event()
 
     async def answer(writer: asyncio.StreamWriter, _: Post) -> bool:
         writer.write(sse_head(b"transfer-encoding: chunked\r\n") + _chunk(EVENT))
@@ -48,7 +48,7 @@ def test_a_done_written_to_a_connection_the_client_reset_is_not_recorded_as_read
         writer.write(_chunk(DONE) + b"0\r\n\r\n")
         await writer.drain()  # on loopback: in the gateway's socket now
         done_written.set()
-        await asyncio.sleep(1)  # (the close is no part of the answer)
+        await asyncio.to_thread(checked.wait, 30)  # open till the end: no part of the answer
         return False
 
     loops: list[asyncio.AbstractEventLoop] = []
@@ -97,7 +97,11 @@ def test_a_done_written_to_a_connection_the_client_reset_is_not_recorded_as_read
     finally:
         unhold.set()
     logdir = tmp_path / "log"
-    settled(logdir, vkey, request_id)
-    [completion] = [r for r in request_log(logdir, vkey, request_id) if r["type"] == "completion"]
+    try:
+        settled(logdir, vkey, request_id)
+        records = request_log(logdir, vkey, request_id)
+    finally:
+        checked.set()
+    [completion] = [r for r in records if r["type"] == "completion"]
     # The client never got the `[DONE]`: it left before its stream's end.
     assert completion["status"] == 499, completion
