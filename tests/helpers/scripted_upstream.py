@@ -7,10 +7,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.upstream.http import HttpPool
+import pytest
+
+from gateway.upstream.http import HttpPool, UpstreamError
 from tests.helpers.accepted import close_server
 
-__all__ = ["Handler", "dripping", "read_request", "with_backend"]
+__all__ = ["Handler", "dripping", "endless_head_refused", "read_request", "with_backend"]
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -79,3 +81,29 @@ def dripping(chunks: int, gap_s: float, then_stall: bool) -> Handler:
         await writer.drain()
 
     return handler
+
+
+def endless_head_refused(first: bytes, piece: bytes, detail: str) -> None:
+    """A backend that answers `first`, then `piece` again and again (64 MiB, if nobody stops
+    it), no timeout firing: the request fails as `protocol` with `detail` in its reason,
+    its connection closed, after the backend wrote no more than the head's limit and what
+    socket buffers hold."""
+    written = [0]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(first)
+        for _ in range(64 * 1024 * 1024 // len(piece)):
+            writer.write(piece)
+            await writer.drain()
+            written[0] += len(piece)
+
+    async def body(pool: HttpPool) -> None:
+        with pytest.raises(UpstreamError) as info:
+            await pool.request(b"POST", b"/", [], b"{}")
+        assert info.value.kind == "protocol"
+        assert detail in info.value.detail
+        assert pool.open_connections == 0
+
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+    assert written[0] < 16 * 1024 * 1024
