@@ -32,7 +32,9 @@ it again when it fetches, and the answer may change in between (DNS rebinding). 
 backend's own settings close that (docs/security.md: vLLM's `--allowed-media-domains`
 and `VLLM_MEDIA_URL_ALLOW_REDIRECTS=0`, an egress firewall). Text parts are not read: a
 URL in prose is text. A body with no array content and no llama.cpp prompt object (every
-plain chat) is not walked.
+plain chat) is not walked. One that is walked may not hold a key twice, or in two cases,
+where a media reference stands (gateway/api/part_keys.py): a server in Go would read a
+copy the walk did not.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from gateway.api.part_keys import refuse_ambiguous_parts
 from gateway.config.media import MediaUrlSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.media_hosts import BadURL, is_local_name, is_public_address, remote_host
@@ -91,6 +94,7 @@ class MediaRefs:
                     break
             else:
                 return None
+        refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []
         for where, value, url_place in _references(doc, body):
             if value.startswith("data:"):  # as llama.cpp and SGLang read it: lowercase

@@ -372,3 +372,60 @@ def test_a_config_reload_narrowing_media_urls_reaches_a_request_held_before_it(
     sent = sum(len(raw.posts) for raw in raws)
     assert sent == 1, "a URL went to a backend whose media_urls a reload narrowed"
     assert response.status_code == 503, response.text
+
+
+# Bodies whose media parts a server in Go reads otherwise than the gateway (orjson keeps
+# the last copy of a key, exact case): written as bytes, a dict holds no key twice.
+_PRIVATE = "http://10.0.0.5/admin"
+READ_TWICE: dict[str, tuple[bytes, str]] = {
+    # Go keeps a string over a later `null`: the backend fetches it, the check read none.
+    "url, then null": (
+        b'{"type": "image_url", "image_url": {"url": "%s", "url": null}}',
+        "messages[0].content[1]",
+    ),
+    "url escaped, then null": (
+        b'{"type": "image_url", "image_url": {"url": "%s", "u\\u0072l": null}}',
+        "messages[0].content[1]",
+    ),
+    # Go merges two copies of an object.
+    "image_url twice": (
+        b'{"type": "image_url", "image_url": {"url": "%s"}, "image_url": {"detail": "low"}}',
+        "messages[0].content[1]",
+    ),
+    # Text to vLLM, an image to a server in Go.
+    "type in two cases": (
+        b'{"type": "text", "text": "hi", "Type": "image_url", "image_url": "%s"}',
+        "messages[0].content[1]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", READ_TWICE)
+def test_a_media_part_with_a_key_read_twice_never_reaches_a_private_backend(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """`{"url": "http://10.0.0.5/", "url": null}`: a server decoding the part into a Go
+    struct keeps the URL, while the media check read the last copy, no URL, and passed it
+    (gateway/api/part_keys.py)."""
+    gateway, raw = start(start_raw, start_gateway, tmp_path)
+    part, param = READ_TWICE[case]
+    body = (
+        b'{"model": "m", "messages": [{"role": "user", "content": '
+        b'[{"type": "text", "text": "look"}, ' + part % _PRIVATE.encode() + b"]}]}"
+    )
+    headers = {**gateway.headers, "content-type": "application/json"}
+    url = f"{gateway.url}/v1/chat/completions"
+    response = httpx.post(url, content=body, headers=headers, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", param)
+    assert "10.0.0.5" not in error["message"]
+    served = post(gateway, "/v1/chat/completions", chat(image(PUBLIC)))
+    assert served.status_code == 200, served.text
+    assert len(raw.posts) == 1  # the served one only
+    # Refused with the body's other faults, before its log entry began: no dispatch.
+    found = logged(tmp_path, response.headers["x-request-id"], served.headers["x-request-id"])
+    assert found == [], found

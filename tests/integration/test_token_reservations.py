@@ -207,11 +207,11 @@ def _budget_for(reservation: int, fits: int) -> int:
 def _images(hidden: str | None) -> list[dict[str, Any]]:
     """The request's messages: `IMAGES` image parts, as the API writes them, or in a
     shape only a server in Go reads as images (it matches names in any case, keeping the
-    last copy): the parts under `Content` beside a text `content`, or each part a text
-    `type` followed by an image `Type`."""
+    last copy): the parts under `Content` beside a text `content`, or each part typed by
+    an image `Type` only (beside a text `type` it is refused: gateway/api/part_keys.py)."""
     urls = [{"url": f"https://img.example/{i}.png"} for i in range(IMAGES)]
     if hidden == "Type":
-        parts = [{"type": "text", "text": "a", "Type": "image_url", "image_url": u} for u in urls]
+        parts = [{"text": "a", "Type": "image_url", "image_url": u} for u in urls]
     else:
         parts = [{"type": "image_url", "image_url": u} for u in urls]
     if hidden == "Content":

@@ -1,0 +1,113 @@
+"""Content parts that mean one thing: no key given twice, or in two cases, in a media
+reference's object.
+
+The media check (gateway/api/private_media.py) reads the document orjson parsed, which
+keeps the last copy of a repeated key. Readers after the gateway do not all agree with
+that: Go's encoding/json, decoding a part into a struct (a server behind a `kind: openai`
+backend), keeps a string over a later `null` copy (`{"url": "http://10.0.0.5/", "url":
+null}`: fetched there, no URL to the check), merges two copies of an object (`"image_url":
+{"url": ...}, "image_url": {"detail": "low"}`), keeps the earlier value over a later one
+of another type, and matches names without regard to case (folding U+017F and U+212A to
+`s` and `k`), so `{"type": "text", "Type": "image_url"}` is text to vLLM (exact case) and
+an image to such a server. Python servers and llama.cpp read the last copy, exact case.
+
+So, in a body the media check walks (`MediaRefs.of`: a message whose content is not a
+plain string, or a llama.cpp prompt object), no object inside a chat message's content
+parts or `images`, or inside a llama.cpp prompt object (`prompt`, `input`, `content` at
+the top level), may hold a key twice (after JSON unescaping: `"u\\u0072l"` is `url`) or
+two keys Go folds together (`"url"` and `"URL"`); nor may a message repeat a key (`"content":
+[...], "content": "hi"` is a plain chat to the gateway, and a Go type that reads a string
+or parts into two fields may keep both).
+Each is a 400 `invalid_request` naming the object's place (`messages[0].content[1]`),
+not the key: the client's names are not echoed. A plain chat (every message a role and a
+string content) is not parsed again: the media check returns before it.
+
+The keys kept are read from a second parse that keeps every pair (`json.loads` with
+`object_pairs_hook=tuple`, called from C: no Python call per object), only for the
+bodies walked; the walk below looks at each object of those places once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from gateway.errors import ErrorCode, GatewayError
+from gateway.json_loads import at_most, no_collection
+
+__all__ = ["refuse_ambiguous_parts"]
+
+_Pairs = tuple[tuple[str, Any], ...]
+_PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
+_MESSAGE_LISTS: Final = frozenset({"content", "images"})  # a message's parts, its images
+
+
+def refuse_ambiguous_parts(body: bytes) -> None:
+    """Raise 400 `invalid_request` for the first object in a media place of `body` (see
+    above) that holds a key twice or in two cases; `body` is a JSON object already parsed
+    (gateway/api/body.py bounded its depth)."""
+    with no_collection(at_most(body)):
+        top: _Pairs = json.loads(body, object_pairs_hook=tuple)
+    for name, value in top:
+        if name == "messages" and isinstance(value, list):
+            for i, message in enumerate(value):
+                if isinstance(message, tuple):
+                    _message(f"messages[{i}]", message)
+        elif name in _PROMPT_KEYS:
+            items = value if isinstance(value, list) else [value]
+            for k, item in enumerate(items):
+                if isinstance(item, tuple):
+                    _object(f"{name}[{k}]" if isinstance(value, list) else name, item)
+
+
+def _message(where: str, message: _Pairs) -> None:
+    """A message's own keys (no repeat: a case variant of `content` is walked by the
+    media check, both copies), then each of its parts and images."""
+    _distinct(where, message, fold=False)
+    for key, value in message:
+        if isinstance(value, list) and _folded(key) in _MESSAGE_LISTS:
+            for j, part in enumerate(value):
+                if isinstance(part, (tuple, list)):
+                    _object(f"{where}.{key}[{j}]", part)
+
+
+def _object(where: str, value: _Pairs | list[Any]) -> None:
+    """`value` and every object inside it: each with distinct keys (named by `where`, the
+    part's place). Depth is bounded by the body's (gateway/api/body.py `MAX_DEPTH`)."""
+    if isinstance(value, tuple):
+        _distinct(where, value, fold=True)
+        items: Any = (item for _, item in value)
+    else:
+        items = value
+    for item in items:
+        if isinstance(item, (tuple, list)) and item:
+            _object(where, item)
+
+
+def _distinct(where: str, pairs: _Pairs, *, fold: bool) -> None:
+    if len(pairs) < 2:
+        return
+    names = [name for name, _ in pairs]
+    if len(set(names)) < len(names):
+        raise _ambiguous(where, "holds a key twice")
+    if fold and len({_folded(name) for name in names}) < len(names):
+        raise _ambiguous(where, "holds a key in two cases")
+
+
+def _folded(name: str) -> str:
+    """`name` as Go's encoding/json matches it: without regard to case, one character to
+    one (`casefold` folds U+017F and U+212A to `s` and `k`; a fold to more characters,
+    `ß` to `ss`, is not Go's, so such a name stays as it is)."""
+    if name.isascii() and name.islower():
+        return name
+    folded = name.casefold()
+    return folded if len(folded) == len(name) else name
+
+
+def _ambiguous(where: str, what: str) -> GatewayError:
+    return GatewayError(
+        ErrorCode.invalid_request,
+        f"`{where}` {what}: a backend may read either copy, and fetch what the gateway "
+        "did not check",
+        param=where,
+    )

@@ -1,0 +1,181 @@
+"""Content parts that mean one thing (gateway/api/part_keys.py): a body the media check
+walks may not hold a key twice, or in two cases, where a media reference stands. Bodies are
+written as bytes: a dict cannot hold a key twice."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.api.private_media import MediaRefs
+from gateway.config.media import MediaUrlSettings
+from gateway.errors import GatewayError
+from tests.helpers.python_calls import by_name, python_calls
+
+PRIVATE = "http://10.0.0.5/admin"
+PUBLIC = "https://images.example.com/cat.png"
+
+
+def chat(*parts: str, message: str = "") -> bytes:
+    """A chat body whose one user message holds `parts` (JSON texts, written as given)."""
+    return (
+        b'{"model": "m", "messages": [{"role": "user", '
+        + message.encode()
+        + b'"content": ['
+        + ", ".join(parts).encode()
+        + b"]}]}"
+    )
+
+
+def refused(body: bytes) -> GatewayError:
+    doc = orjson.loads(body)
+    with pytest.raises(GatewayError) as caught:
+        MediaRefs.of(doc, body)
+    return caught.value
+
+
+# (body, the place named): each is read by some backend as a part the check did not judge,
+# or of a kind the gateway did not count.
+AMBIGUOUS: dict[str, tuple[bytes, str]] = {
+    # Go keeps a string over a later `null`: fetched there, no URL to the check.
+    "url then null": (
+        chat(f'{{"type": "image_url", "image_url": {{"url": "{PRIVATE}", "url": null}}}}'),
+        "messages[0].content[0]",
+    ),
+    "url escaped, then null": (
+        chat(f'{{"type": "image_url", "image_url": {{"url": "{PRIVATE}", "u\\u0072l": null}}}}'),
+        "messages[0].content[0]",
+    ),
+    # Go merges two copies of an object: the URL of the first, the detail of the second.
+    "an object twice": (
+        chat(
+            f'{{"type": "image_url", "image_url": {{"url": "{PRIVATE}"}}, '
+            '"image_url": {"detail": "low"}}'
+        ),
+        "messages[0].content[0]",
+    ),
+    # Go keeps a string over a later value of another type.
+    "url then a number": (
+        chat(f'{{"type": "image_url", "image_url": {{"url": "{PRIVATE}", "url": 1}}}}'),
+        "messages[0].content[0]",
+    ),
+    "input_audio twice": (
+        chat(
+            f'{{"type": "input_audio", "input_audio": {{"data": "{PRIVATE}"}}, '
+            '"input_audio": null}'
+        ),
+        "messages[0].content[0]",
+    ),
+    "file_data twice": (
+        chat(f'{{"type": "file", "file": {{"file_data": "{PRIVATE}", "file_data": null}}}}'),
+        "messages[0].content[0]",
+    ),
+    "video_url in two cases": (
+        chat(f'{{"type": "video_url", "video_url": {{"url": "{PUBLIC}"}}, "Video_Url": null}}'),
+        "messages[0].content[0]",
+    ),
+    # One reader sees text, another an image.
+    "type twice": (
+        chat(f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}"}}, "type": "text"}}'),
+        "messages[0].content[0]",
+    ),
+    "type in two cases": (
+        chat(f'{{"type": "text", "text": "hi", "Type": "image_url", "image_url": "{PUBLIC}"}}'),
+        "messages[0].content[0]",
+    ),
+    "URL beside url": (
+        chat(f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}", "URL": null}}}}'),
+        "messages[0].content[0]",
+    ),
+    # Go's folds: U+212A (Kelvin) is k, U+017F (long s) is s.
+    "a Kelvin sign": (
+        chat(f'{{"type": "image_url", "image_url": "{PUBLIC}", "kind": 1, "\\u212aind": 2}}'),
+        "messages[0].content[0]",
+    ),
+    "a long s": (
+        chat(f'{{"type": "image_url", "image_url": "{PUBLIC}", "size": 1, "\\u017fize": 2}}'),
+        "messages[0].content[0]",
+    ),
+    "the second part": (
+        chat('{"type": "text", "text": "a"}', f'{{"image_url": {{"url": "{PRIVATE}", "url": null}}}}'),
+        "messages[0].content[1]",
+    ),
+    # A message beside a walked one: its earlier `content` (parts) hidden by a string.
+    "a message's content twice": (
+        chat(
+            f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}"}}}}',
+            message=f'"content": [{{"type": "image_url", "image_url": "{PRIVATE}"}}], ',
+        ),
+        "messages[0]",
+    ),
+    "a message's images twice": (
+        chat(
+            f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}"}}}}',
+            message=f'"images": [{{"url": "{PRIVATE}", "url": null}}], ',
+        ),
+        "messages[0].images[0]",
+    ),
+    "in a tool message": (
+        b'{"model": "m", "messages": [{"role": "tool", "tool_call_id": "c", "content": '
+        + f'[{{"type": "image_url", "image_url": {{"url": "{PRIVATE}", "url": null}}}}]}}]}}'.encode(),
+        "messages[0].content[0]",
+    ),
+    "llama.cpp's multimodal_data twice": (
+        f'{{"model": "m", "prompt": {{"prompt_string": "<__media__>", "multimodal_data": '
+        f'["{PRIVATE}"], "multimodal_data": []}}}}'.encode(),
+        "prompt",
+    ),
+    "in a prompt array": (
+        f'{{"model": "m", "prompt": ["a", {{"prompt_string": "x", "multimodal_data": '
+        f'[{{"url": "{PRIVATE}", "url": null}}]}}]}}'.encode(),
+        "prompt[1]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", AMBIGUOUS)
+def test_a_key_a_reader_may_read_twice_is_refused(case: str) -> None:
+    body, where = AMBIGUOUS[case]
+    error = refused(body)
+    assert (error.code.value, error.param) == ("invalid_request", where), error.message
+    # The place is named; no value of the client's is echoed.
+    for spelled in ("10.0.0.5", "images.example.com", "kind", "size", "ind", "url", "Url"):
+        assert spelled not in error.message.replace(where, ""), error.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat(f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}", "detail": "low"}}}}'),
+        chat('{"type": "text", "text": "a"}', '{"type": "text", "text": "a"}'),
+        # `ß` folds to `ss` in Python, to no other letter in Go: two names to it.
+        chat(f'{{"type": "image_url", "image_url": "{PUBLIC}", "ß": 1, "ss": 2}}'),
+        # Case variants in a message are read by the media walk, both copies.
+        chat(f'{{"type": "image_url", "image_url": "{PUBLIC}"}}', message='"Role": "x", '),
+        # The same name in two objects is no repeat.
+        chat(
+            f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}"}}}}',
+            f'{{"type": "image_url", "image_url": {{"url": "{PUBLIC}"}}}}',
+        ),
+    ],
+)
+def test_distinct_keys_pass(body: bytes) -> None:
+    refs = MediaRefs.of(orjson.loads(body), body)
+    assert refs is None or refs.refusal(MediaUrlSettings()) is None
+
+
+def test_a_plain_chat_is_not_parsed_again() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi", "content": "ho"}]}'
+    calls = python_calls(lambda: MediaRefs.of(orjson.loads(body), body), by_name)
+    assert calls == ["of"]
+
+
+def test_a_repeat_outside_media_places_is_not_read() -> None:
+    # Top-level repeats are body.py's (decided and bounding names only); tools are not
+    # fetched from.
+    body = (
+        b'{"model": "m", "tools": [{"type": "function", "type": "function"}], '
+        + chat(f'{{"type": "image_url", "image_url": "{PUBLIC}"}}')[1:]
+    )
+    refs = MediaRefs.of(orjson.loads(body), body)
+    assert refs is None or refs.refusal(MediaUrlSettings()) is None
