@@ -52,46 +52,70 @@ def refuse_ambiguous_parts(body: bytes) -> None:
         if name == "messages" and isinstance(value, list):
             for i, message in enumerate(value):
                 if isinstance(message, tuple):
-                    _message(f"messages[{i}]", message)
+                    _message(i, message)
         elif name in _PROMPT_KEYS:
             items = value if isinstance(value, list) else [value]
             for k, item in enumerate(items):
-                if isinstance(item, tuple):
-                    _object(f"{name}[{k}]" if isinstance(value, list) else name, item)
+                wrong = _nested(item) if isinstance(item, tuple) else None
+                if wrong is not None:
+                    raise _ambiguous(f"{name}[{k}]" if isinstance(value, list) else name, wrong)
 
 
-def _message(where: str, message: _Pairs) -> None:
+def _message(i: int, message: _Pairs) -> None:
     """A message's own keys (no repeat: a case variant of `content` is walked by the
-    media check, both copies), then each of its parts and images."""
-    _distinct(where, message, fold=False)
+    media check, both copies), then each of its parts and images. The part's place is
+    written only for the error: a body may hold 300,000 parts."""
+    if len(dict(message)) < len(message):
+        raise _ambiguous(f"messages[{i}]", _TWICE)
     for key, value in message:
-        if isinstance(value, list) and _folded(key) in _MESSAGE_LISTS:
-            for j, part in enumerate(value):
-                if isinstance(part, (tuple, list)):
-                    _object(f"{where}.{key}[{j}]", part)
+        if value.__class__ is not list or _folded(key) not in _MESSAGE_LISTS:
+            continue
+        for j, part in enumerate(value):
+            if part.__class__ is tuple:  # inline: most parts are one flat object
+                wrong = _wrong_keys(part) if len(part) > 1 else None
+                if wrong is None:
+                    for _, item in part:
+                        if item and (item.__class__ is tuple or item.__class__ is list):
+                            wrong = _nested(item)
+                            if wrong is not None:
+                                break
+            else:
+                wrong = _nested(part) if part.__class__ is list else None
+            if wrong is not None:
+                raise _ambiguous(f"messages[{i}].{key}[{j}]", wrong)
 
 
-def _object(where: str, value: _Pairs | list[Any]) -> None:
-    """`value` and every object inside it: each with distinct keys (named by `where`, the
-    part's place). Depth is bounded by the body's (gateway/api/body.py `MAX_DEPTH`)."""
-    if isinstance(value, tuple):
-        _distinct(where, value, fold=True)
-        items: Any = (item for _, item in value)
-    else:
-        items = value
-    for item in items:
-        if isinstance(item, (tuple, list)) and item:
-            _object(where, item)
+def _nested(value: _Pairs | list[Any]) -> str | None:
+    """What is wrong with `value` or an object inside it, if anything. Depth is bounded
+    by the body's (gateway/api/body.py `MAX_DEPTH`)."""
+    stack = [value]
+    while stack:
+        value = stack.pop()
+        if value.__class__ is tuple and len(value) > 1:
+            wrong = _wrong_keys(value)
+            if wrong is not None:
+                return wrong
+        for item in value if value.__class__ is list else (pair[1] for pair in value):
+            if item and (item.__class__ is tuple or item.__class__ is list):
+                stack.append(item)
+    return None
 
 
-def _distinct(where: str, pairs: _Pairs, *, fold: bool) -> None:
-    if len(pairs) < 2:
-        return
-    names = [name for name, _ in pairs]
-    if len(set(names)) < len(names):
-        raise _ambiguous(where, "holds a key twice")
-    if fold and len({_folded(name) for name in names}) < len(names):
-        raise _ambiguous(where, "holds a key in two cases")
+_TWICE: Final = "holds a key twice"
+
+
+def _wrong_keys(pairs: _Pairs) -> str | None:
+    """Whether an object's `pairs` (as decoded, repeats kept) hold a key twice, or two
+    keys Go folds together."""
+    keys = dict(pairs)  # from C: no Python call per key
+    if len(keys) < len(pairs):
+        return _TWICE
+    joined = "".join(keys)
+    if joined.isascii() and joined.islower():  # no upper case: no two fold together
+        return None
+    if len({_folded(name) for name in keys}) < len(keys):
+        return "holds a key in two cases"
+    return None
 
 
 def _folded(name: str) -> str:

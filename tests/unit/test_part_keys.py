@@ -97,7 +97,10 @@ AMBIGUOUS: dict[str, tuple[bytes, str]] = {
         "messages[0].content[0]",
     ),
     "the second part": (
-        chat('{"type": "text", "text": "a"}', f'{{"image_url": {{"url": "{PRIVATE}", "url": null}}}}'),
+        chat(
+            '{"type": "text", "text": "a"}',
+            f'{{"image_url": {{"url": "{PRIVATE}", "url": null}}}}',
+        ),
         "messages[0].content[1]",
     ),
     # A message beside a walked one: its earlier `content` (parts) hidden by a string.
@@ -116,8 +119,8 @@ AMBIGUOUS: dict[str, tuple[bytes, str]] = {
         "messages[0].images[0]",
     ),
     "in a tool message": (
-        b'{"model": "m", "messages": [{"role": "tool", "tool_call_id": "c", "content": '
-        + f'[{{"type": "image_url", "image_url": {{"url": "{PRIVATE}", "url": null}}}}]}}]}}'.encode(),
+        b'{"model": "m", "messages": [{"role": "tool", "tool_call_id": "c", "content": [{"type": '
+        + f'"image_url", "image_url": {{"url": "{PRIVATE}", "url": null}}}}]}}]}}'.encode(),
         "messages[0].content[0]",
     ),
     "llama.cpp's multimodal_data twice": (
