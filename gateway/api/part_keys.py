@@ -121,11 +121,11 @@ def _wrong_keys(pairs: _Pairs) -> str | None:
 def _folded(name: str) -> str:
     """`name` as Go's encoding/json matches it: without regard to case, one character to
     one (`casefold` folds U+017F and U+212A to `s` and `k`; a fold to more characters,
-    `ß` to `ss`, is not Go's, so such a name stays as it is)."""
+    `ß` to `ss`, is not Go's, so such a name is lowered instead: `ẞ` is `ß` to both)."""
     if name.isascii() and name.islower():
         return name
     folded = name.casefold()
-    return folded if len(folded) == len(name) else name
+    return folded if len(folded) == len(name) else name.lower()
 
 
 def _ambiguous(where: str, what: str) -> GatewayError:

@@ -96,6 +96,11 @@ AMBIGUOUS: dict[str, tuple[bytes, str]] = {
         chat(f'{{"type": "image_url", "image_url": "{PUBLIC}", "size": 1, "\\u017fize": 2}}'),
         "messages[0].content[0]",
     ),
+    # U+1E9E folds to U+00DF in Go (one character to one; Python's casefold makes `ss`).
+    "a capital sharp s": (
+        chat(f'{{"type": "image_url", "image_url": "{PUBLIC}", "\u00df": 1, "\u1e9e": 2}}'),
+        "messages[0].content[0]",
+    ),
     "the second part": (
         chat(
             '{"type": "text", "text": "a"}',
