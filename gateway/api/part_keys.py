@@ -15,12 +15,13 @@ So, in a body the media check walks (`MediaRefs.of`: a message whose content is 
 plain string, or a llama.cpp prompt object), no object inside a chat message's content
 parts or `images`, or inside a llama.cpp prompt object (`prompt`, `input`, `content` at
 the top level), may hold a key twice (after JSON unescaping: `"u\\u0072l"` is `url`) or
-two keys Go folds together (`"url"` and `"URL"`); nor may a message repeat a key (`"content":
-[...], "content": "hi"` is a plain chat to the gateway, and a Go type that reads a string
-or parts into two fields may keep both).
-Each is a 400 `invalid_request` naming the object's place (`messages[0].content[1]`),
-not the key: the client's names are not echoed. A plain chat (every message a role and a
-string content) is not parsed again: the media check returns before it.
+two keys Go folds together (`"url"` and `"URL"`); nor may a message repeat a key
+(`"content": [...], "content": "hi"`: a Go type that reads a string or parts into two
+fields may keep both). Each is a 400 `invalid_request` naming the object's place
+(`messages[0].content[1]`), not the key: the client's names are not echoed. A plain chat
+(every message a role and a string content) is not parsed again: the media check returns
+before it, so such a message alone is not looked at (docs/security.md says what that
+leaves).
 
 The keys kept are read from a second parse that keeps every pair (`json.loads` with
 `object_pairs_hook=tuple`, called from C: no Python call per object), only for the
