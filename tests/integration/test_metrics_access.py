@@ -107,4 +107,3 @@ def test_admin_metrics_are_for_an_admin_token_only(
     assert 'rule="acme/data_classes.phi/backends"} 1.0' in response.text
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert httpx.post(url, headers=ADMIN_HEADERS).status_code == 405
-
