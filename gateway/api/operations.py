@@ -92,7 +92,7 @@ class Operations:
             try:
                 if scope["method"] not in ("GET", "HEAD"):
                     raise GatewayError(ErrorCode.method_not_allowed, "/metrics accepts only GET")
-                authorize(scope, config.admin)
+                authorize(scope, config.admin, roles=("operator",))
             except GatewayError as error:
                 await send_error(send, error, request_id)
                 return
