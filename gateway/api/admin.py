@@ -133,23 +133,25 @@ def loopback_admitted(scope: Scope) -> bool:
     return is_loopback(scope) and not sent_from_elsewhere(scope)
 
 
-def authorize(scope: Scope, settings: AdminSettings) -> None:
-    """Return if the request may read the admin surface; raise `GatewayError` otherwise
-    (401 without or with a wrong token, 403 when no admin access is configured)."""
+def authorize(scope: Scope, settings: AdminSettings, roles: tuple[str, ...] = ()) -> None:
+    """Return if the request may read the admin surface (a full-access token, or one of
+    `roles` from `admin.tokens`); raise `GatewayError` otherwise (401 without or with a
+    wrong token, 403 when no admin access is configured)."""
     values = header_values(scope, b"authorization")
     if len(values) > 1:
         raise GatewayError(ErrorCode.invalid_api_key, "Send one Authorization header.")
     if values:
         scheme, _, token = values[0].partition(b" ")
         token = token.strip()
-        if scheme.lower() == b"bearer" and token and _known(token, settings.token_hashes):
+        held = (*settings.token_hashes, *(t.hash for t in settings.tokens if t.role in roles))
+        if scheme.lower() == b"bearer" and token and _known(token, held):
             return
         raise GatewayError(ErrorCode.invalid_api_key, "Incorrect admin token.")
     if settings.allow_loopback and loopback_admitted(scope):
         return
     if settings.allow_loopback and is_loopback(scope):
         raise GatewayError(ErrorCode.missing_api_key, LOOPBACK_REFUSED)
-    if not settings.token_hashes:
+    if not settings.token_hashes and not any(t.role in roles for t in settings.tokens):
         raise GatewayError(
             ErrorCode.permission_denied,
             "the admin surface is off: configure admin.token_hashes (or, for a "

@@ -25,7 +25,9 @@ class TenantReads:
         self._authenticate = authenticate
 
     async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        """`GET /v1/models`: the models the tenant may use and its policy does not refuse."""
+        """`GET /v1/models`: the models the tenant may use and its policy does not refuse,
+        each `owned_by` the owner of the first backend (gateway.yaml order) serving it
+        that the tenant's policy admits."""
         try:
             if scope["method"] != "GET":
                 raise GatewayError(ErrorCode.method_not_allowed, "/v1/models accepts only GET")
@@ -35,11 +37,18 @@ class TenantReads:
             return
         parts = self._runtime.parts
         policy, registry = parts.policies.current, parts.registry
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": registry.owners[name]}
-            for name in sorted(registry.routes)
-            if tenant.may_use(name) and policy.decide(tenant.id, name, None).refusal is None
-        ]
+        data = []
+        for name in sorted(registry.routes):
+            if not tenant.may_use(name):
+                continue
+            decision = policy.decide(tenant.id, name, None)
+            if decision.refusal is not None:
+                continue
+            # The owner of a backend this tenant's policy admits, never of one it denies
+            # (another tenant's, an owner the policy excluded: docs/security.md).
+            admitted = {*decision.private, *decision.hosted}
+            owner = next((o for b, o in registry.owners[name] if b in admitted), "owngate")
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": owner})
         await send_json(send, 200, {"object": "list", "data": data}, request_id)
 
     async def provenance(

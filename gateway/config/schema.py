@@ -104,6 +104,9 @@ class ListenSettings(_Strict):
     max_connections: int | None = Field(
         default=None, gt=0, description="open client connections per process; none: derived"
     )
+    metrics: Literal["open", "admin"] = Field(
+        default="open", description="who reads /metrics here: anyone, or an admin token"
+    )
 
 
 class LoggingSettings(_Strict):

@@ -86,7 +86,9 @@ class Route:
 class Registry:
     backends: dict[str, BackendState]
     routes: dict[str, tuple[Route, ...]]
-    owners: dict[str, str] = field(default_factory=dict)
+    # Per public name, (backend id, owner) of each backend serving it, in gateway.yaml
+    # order: `/v1/models` names the owner of the first one the tenant's policy admits.
+    owners: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
     # Whether breakers tell tenants apart (more than one tenant configured that may use
     # some model): see gateway/routing/tenant_breakers.py. One: its failures open the
@@ -140,21 +142,21 @@ class Registry:
                 if isinstance(exc.__cause__, OSError):  # a TLS file unreadable, not invalid
                     unreadable = unreadable or exc.__cause__
         routes: dict[str, list[Route]] = {}
-        owners: dict[str, str] = {}
+        owners: dict[str, list[tuple[str, str]]] = {}
         for backend in config.backends:
             if backend.id not in backends:
                 continue
             for entry in backend.models:
                 for public in (entry.name, *entry.aliases):
                     routes.setdefault(public, []).append(Route(backends[backend.id], entry.name))
-                    owners.setdefault(public, backend.owner)
+                    owners.setdefault(public, []).append((backend.id, backend.owner))
         if problems:
             # its cause says a file could not be read: a reload reads it again unchanged
             raise ValueError("\n".join(problems)) from unreadable
         return cls(
             backends=backends,
             routes={name: tuple(r) for name, r in routes.items()},
-            owners=owners,
+            owners={name: tuple(o) for name, o in owners.items()},
             clock=clock,
             per_tenant=tenants > 1,
             sockets=sockets,

@@ -97,7 +97,7 @@ def rig(
         start_gateway,
         tmp_path,
         [
-            backend("b0", sims[0].url, "m"),
+            backend("b0", sims[0].url, "m", owner="partner-lab"),
             backend("b1", sims[1].url, "m", "o", kind="openai"),
             backend("b2", sims[2].url, "m", "o", kind="openai"),
         ],
@@ -156,6 +156,26 @@ def test_a_tenant_reads_no_receipt_proof_or_model_of_another(
     errors = [chat(gateway, TENANT_KEY, "hi", model=name).json()["error"] for name in "ox"]
     assert [e["code"] for e in errors] == ["model_not_found"] * 2
     assert errors[0]["message"].replace("`o`", "`x`") == errors[1]["message"]
+
+
+def test_models_name_no_owner_of_a_backend_the_tenants_policy_denies(
+    rig: tuple[Gateway, list[Sim]],
+) -> None:
+    """`owned_by` in `/v1/models` was the owner of the first configured backend serving
+    the name, whoever's policy admitted it: `other`, whose policy denies `b0`, read
+    `partner-lab`, a fact of a backend it can never reach (as the 403's reason used to
+    tell, docs/security.md "Routing internals are not public"). Now it is the owner of
+    the first backend the tenant's own decision admits."""
+    gateway, _ = rig
+    owners = {}
+    for key in (TENANT_KEY, OTHER_KEY):
+        listed = httpx.get(
+            f"{gateway.url}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=10
+        )
+        assert listed.status_code == 200, listed.text
+        owners[key] = {m["id"]: m["owned_by"] for m in listed.json()["data"]}
+    assert owners[TENANT_KEY] == {"m": "partner-lab"}
+    assert owners[OTHER_KEY] == {"m": "test", "o": "test"}
 
 
 # One header holding both tenants' keys (as a proxy joining copies would write it), or a
