@@ -42,6 +42,7 @@ __all__ = [
     "MAX_SAFE_INTEGER",
     "canonical_json",
     "canonical_json_of_plain",
+    "canonical_part",
     "format_number",
     "is_plain",
     "reference_canonical_json",
@@ -70,6 +71,16 @@ def canonical_json_of_plain(value: object) -> bytes:
         return _fast_dumps(value)
     except TypeError as exc:
         raise _refused(exc) from exc
+
+
+def canonical_part(value: object) -> object:
+    """`value` (plain, as `canonical_json_of_plain` takes it) encoded once, to be placed as
+    it is inside values later given to `canonical_json_of_plain`: the same bytes as
+    encoding it in place each time (JCS of a member is the member's own JCS), without
+    doing so (an `orjson.Fragment`). Without orjson, `value` itself."""
+    if _fast_dumps is None:  # pragma: no cover - an auditor's minimal install
+        return value
+    return orjson.Fragment(canonical_json_of_plain(value))
 
 
 def _refused(exc: TypeError) -> ValueError:

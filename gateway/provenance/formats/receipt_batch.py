@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.canonical import canonical_json_of_plain
+from gateway.canonical import canonical_json_of_plain, canonical_part
 from gateway.provenance.errors import MalformedError, ProofError
 from gateway.provenance.formats.dsse import (
     canonical_payload,
@@ -40,10 +40,8 @@ from gateway.provenance.formats.dsse import (
     verify_signatures,
 )
 from gateway.provenance.formats.merkle import (
-    inclusion_proof,
     leaf_hash,
     node_hash,
-    range_hash,
     verify_inclusion,
 )
 from gateway.provenance.formats.note import Signer, Verifier
@@ -114,13 +112,21 @@ class BatchStatement:
         return cls(str(found["log"]), first, entries, receipts, bytes.fromhex(str(found["root"])))
 
 
-def _levels(leaves: list[bytes]) -> list[list[bytes]]:
-    """Every complete, aligned subtree hash: `levels[h][i]` = MTH(leaves[i*2**h:(i+1)*2**h])."""
-    levels = [leaves]
-    while len(levels[-1]) > 1:
-        below = levels[-1]
-        levels.append([node_hash(below[i], below[i + 1]) for i in range(0, len(below) - 1, 2)])
-    return levels
+def _mth_paths(leaves: Sequence[bytes], begin: int, end: int, paths: list[list[bytes]]) -> bytes:
+    """MTH(leaves[begin:end]) (RFC 6962 section 2.1); appends to `paths[i]`, for each leaf
+    `i` of the range, the sibling hashes met on the way up (its audit path, leaf side
+    first: a subtree is finished, and its leaves' siblings below appended, before its
+    parent appends). Each node of the tree is hashed once, not once per path through it."""
+    if end - begin == 1:
+        return leaves[begin]
+    middle = begin + (1 << ((end - begin - 1).bit_length() - 1))  # RFC 6962's split
+    left = _mth_paths(leaves, begin, middle, paths)
+    right = _mth_paths(leaves, middle, end, paths)
+    for path in paths[begin:middle]:
+        path.append(right)
+    for path in paths[middle:end]:
+        path.append(left)
+    return node_hash(left, right)
 
 
 def seal_receipts(
@@ -144,33 +150,26 @@ def _seal_part(payloads: Sequence[tuple[int, bytes]], log: str, signer: Signer) 
     indices = [index for index, _ in payloads]
     if any(a >= b for a, b in itertools.pairwise(indices)):
         raise ValueError("a batch's receipts must name increasing log indices")
-    levels = _levels([leaf_hash(payload) for _, payload in payloads])
-
-    def read(height: int, index: int) -> bytes:
-        return levels[height][index]
-
     size = len(payloads)
-    statement = BatchStatement(
-        log, indices[0], indices[-1] - indices[0] + 1, size, range_hash(0, size, read)
-    )
+    paths: list[list[bytes]] = [[] for _ in range(size)]
+    root = _mth_paths([leaf_hash(payload) for _, payload in payloads], 0, size, paths)
+    statement = BatchStatement(log, indices[0], indices[-1] - indices[0] + 1, size, root)
     batch = signed_envelope(
         BATCH_PAYLOAD_TYPE, canonical_json_of_plain(statement.payload()), signer
     )
+    batch_part = canonical_part(batch)  # encoded once, not once per receipt
     b64 = binascii.b2a_base64  # `base64.b64encode`'s own call, without its Python frame
     return [
         canonical_json_of_plain(
             {
-                "batch": batch,
-                "path": [
-                    b64(node, newline=False).decode()
-                    for node in inclusion_proof(position, size, read)
-                ],
+                "batch": batch_part,
+                "path": [b64(node, newline=False).decode() for node in path],
                 "payload": b64(payload, newline=False).decode(),
                 "payloadType": RECEIPT_PAYLOAD_TYPE,
                 "position": position,
             }
         )
-        for position, (_, payload) in enumerate(payloads)
+        for position, ((_, payload), path) in enumerate(zip(payloads, paths, strict=True))
     ]
 
 
