@@ -16,7 +16,16 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   Anthropic beta-header table is fetched from GitHub); `LITELLM_RUST=false` (every route
   stays on LiteLLM's Python implementation, the one tested here);
   `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
-  included, is printed to stdout).
+  included, is printed to stdout); `SSL_VERIFY` removed (`False` turned certificate checks
+  off for every hosted call; `ssl_verify` is forced on) and `SSL_SECURITY_LEVEL` (an
+  OpenSSL level of 0 allows any cipher).
+- Proxies: none from the environment. Its aiohttp transport read `HTTP_PROXY`,
+  `HTTPS_PROXY`, `ALL_PROXY` (any case) on every request, and the httpx clients it makes
+  without a transport mount them: the proxy read an http call's prompt and key and
+  answered for the provider. `disable_aiohttp_trust_env` is on (`AIOHTTP_TRUST_ENV`
+  removed) and every httpx client it creates loses the routes httpx mounted from the
+  environment (`_direct`). `SSL_CERT_FILE` still replaces certifi's bundle for hosted
+  calls (an operator's bundle, docs/security.md).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
   requests to logging/observability services), no pre- or post-call rules (a stream's
   post-call rules read all its text so far); `suppress_debug_info` (no "Give Feedback"
@@ -112,6 +121,9 @@ FORCED_ENVIRONMENT: Final[dict[str, str]] = {
 }
 _REMOVED_ENVIRONMENT: Final = (
     "LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD",
+    "AIOHTTP_TRUST_ENV",  # its aiohttp sessions: proxies (and .netrc) from the environment
+    "SSL_VERIFY",  # `false` turned certificate checks off for every hosted call
+    "SSL_SECURITY_LEVEL",  # an OpenSSL security level (`0`: any cipher, any key size)
     "DISABLE_AIOHTTP_TRANSPORT",  # httpx's pool: hosted connections the share would not count
     "LITELLM_HTTP2",  # the same (aiohttp has no HTTP/2)
 )
@@ -148,6 +160,11 @@ _SETTINGS: Final[dict[str, Any]] = {
     # Its aiohttp transport, whose connectors are counted (gateway/upstream/hosted_sockets.py).
     "disable_aiohttp_transport": False,
     "http2": False,
+    # No proxy from the environment (`HTTP_PROXY`, `all_proxy`, ...): a hosted call goes
+    # straight to its provider (`_direct` for the httpx clients LiteLLM makes).
+    "aiohttp_trust_env": False,
+    "disable_aiohttp_trust_env": True,
+    "ssl_verify": True,
 }
 
 
@@ -198,7 +215,7 @@ def _refuse_redirects() -> None:
         @functools.wraps(create)
         def create_client(self: Any, *args: Any, _create: Any = create, **kwargs: Any) -> Any:
             self.follow_redirects = False
-            return _no_redirects(_create(self, *args, **kwargs))
+            return _direct(_no_redirects(_create(self, *args, **kwargs)))
 
         create_client._owngate_no_redirects = True  # type: ignore[attr-defined]
         handler.create_client = create_client
@@ -210,7 +227,7 @@ def _refuse_redirects() -> None:
 
         @functools.wraps(make)
         def make_client(*args: Any, _make: Any = make, **kwargs: Any) -> Any:
-            return _no_redirects(_make(*args, **kwargs))
+            return _direct(_no_redirects(_make(*args, **kwargs)))
 
         make_client._owngate_no_redirects = True  # type: ignore[attr-defined]
         setattr(openai_llm, name, staticmethod(make_client))
@@ -229,6 +246,15 @@ def _no_redirects(client: Any) -> Any:
     redirect."""
     if client is not None:
         client.follow_redirects = False
+    return client
+
+
+def _direct(client: Any) -> Any:
+    """`client` (an httpx client, or None) without the proxies httpx mounted from the
+    environment when it was made (a client without its own transport, or LiteLLM's
+    `create_httpx_proxy_mounts`): every request on its own transport, to the URL's host."""
+    if client is not None and getattr(client, "_mounts", None):
+        client._mounts = {}  # httpx 0.28: the env's proxy (and NO_PROXY) routes, by pattern
     return client
 
 
