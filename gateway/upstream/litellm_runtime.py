@@ -98,7 +98,7 @@ from typing import Any, Final
 
 from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.hosted_stream import install_stream_bound
-from gateway.upstream.hosted_transport import install_transport_marks
+from gateway.upstream.hosted_transport import call_proxy, install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
 from gateway.upstream.text_client import install_text_client_default
@@ -189,6 +189,7 @@ def load_litellm() -> ModuleType:
         setattr(litellm, name, [])
     _refuse_redirects()
     _count_hosted_connections()
+    _proxy_per_call()  # a backend's `proxy`, not the environment's
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
@@ -231,6 +232,13 @@ def _refuse_redirects() -> None:
 
         make_client._owngate_no_redirects = True  # type: ignore[attr-defined]
         setattr(openai_llm, name, staticmethod(make_client))
+
+
+def _proxy_per_call() -> None:
+    """Make LiteLLM's aiohttp transport send a request through the proxy of the hosted
+    call it belongs to (the backend's `proxy`, `call_proxy`), never the environment's."""
+    transport = importlib.import_module("litellm.llms.custom_httpx.aiohttp_transport")
+    transport.LiteLLMAiohttpTransport._get_proxy_settings = call_proxy
 
 
 def _count_hosted_connections() -> None:

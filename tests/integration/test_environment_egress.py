@@ -14,29 +14,33 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gateway.serving import ServerThread
 from tests.helpers.anthropic_mock import AnthropicMock
+from tests.helpers.gateways import Gateway, admin_status, hosted_backend
 from tests.helpers.raw_backend import RawBackend, completion_body, json_answer
 from tests.helpers.tls import Pki, TLSFront, server_context
 
 KEY = "sk-egress-key-0123456789"
 PROMPT = "PROMPT-egress-5b0c"
 
-# argv: then pairs of (base_url, provider_model); prints one line per call.
+# argv: key, prompt, the backends' `proxy` (`-`: none), then pairs of (base_url,
+# provider_model); prints one line per call.
 _HOSTED_SCRIPT = """
 import asyncio, sys
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient, HostedError
 
 async def call(url, model):
+    proxy = None if sys.argv[3] == "-" else sys.argv[3]
     backend = BackendSettings.model_validate({"id": "h", "kind": "hosted", "region": "us",
         "owner": "o", "provider": model.split("/")[0], "base_url": url, "api_key_env": "K",
-        "models": [{"name": "g", "provider_model": model}]})
+        "models": [{"name": "g", "provider_model": model}],
+        **({} if proxy is None else {"proxy": proxy})})
     client = HostedClient(backend, environ={"K": sys.argv[1]}, timeout_s=10)
     try:
         answer = await client.send("chat", {"messages": [{"role": "user",
@@ -48,7 +52,7 @@ async def call(url, model):
         await client.aclose()
 
 async def main():
-    args = sys.argv[3:]
+    args = sys.argv[4:]
     for url, model in zip(args[::2], args[1::2]):
         await call(url, model)
 
@@ -133,6 +137,7 @@ def test_a_hosted_call_never_goes_through_the_environments_proxy(
             _HOSTED_SCRIPT,
             KEY,
             PROMPT,
+            "-",
             f"{provider.url}/v1",
             "openai/gpt-x",  # the OpenAI SDK's client (over LiteLLM's transport)
             anthropic_server.url,
@@ -150,6 +155,42 @@ def test_a_hosted_call_never_goes_through_the_environments_proxy(
     assert proxy.connections == 0, [post.head for post in proxy.posts]
 
 
+def test_a_hosted_backends_proxy_is_the_one_gateway_yaml_names(
+    provider: RawBackend, proxy: RawBackend
+) -> None:
+    """With `proxy:` on the backend, its calls go through that proxy (on both of
+    LiteLLM's paths), and a different one in the environment still gets nothing."""
+    decoy = RawBackend(json_answer(completion_body("FROM-DECOY"))).start()
+    anthropic = AnthropicMock(api_key=KEY)
+    try:
+        with ServerThread(anthropic) as anthropic_server:
+            out = _child(
+                _HOSTED_SCRIPT,
+                KEY,
+                PROMPT,
+                proxy.url,
+                f"{provider.url}/v1",
+                "openai/gpt-x",
+                anthropic_server.url,
+                "anthropic/claude-x",
+                HTTP_PROXY=decoy.url,
+                ALL_PROXY=decoy.url,
+            )
+    finally:
+        decoy.stop()
+    lines = out.splitlines()
+    assert lines[0].split(" ", 2)[:2] == ["openai/gpt-x", "answered"], out
+    assert "FROM-PROXY" in lines[0], out
+    heads = [post.head.split(b" ", 2)[:2] for post in proxy.posts]
+    assert heads == [
+        [b"POST", f"{provider.url}/v1/chat/completions".encode()],
+        [b"POST", f"{anthropic_server.url}/v1/messages".encode()],
+    ]
+    assert all(PROMPT.encode() in post.body for post in proxy.posts)
+    assert provider.posts == [] and anthropic.received == []
+    assert decoy.connections == 0
+
+
 def test_ssl_verify_in_the_environment_does_not_turn_off_a_hosted_calls_checks(
     tmp_path: Path, provider: RawBackend
 ) -> None:
@@ -159,7 +200,13 @@ def test_ssl_verify_in_the_environment_does_not_turn_off_a_hosted_calls_checks(
     front = TLSFront(("127.0.0.1", provider.port), server_context(pki, pki.server())).start()
     try:
         out = _child(
-            _HOSTED_SCRIPT, KEY, PROMPT, f"{front.url}/v1", "openai/gpt-x", SSL_VERIFY="False"
+            _HOSTED_SCRIPT,
+            KEY,
+            PROMPT,
+            "-",
+            f"{front.url}/v1",
+            "openai/gpt-x",
+            SSL_VERIFY="False",
         )
     finally:
         front.stop()
@@ -215,6 +262,7 @@ def test_logging_integrations_named_in_the_environment_get_nothing(
         _HOSTED_SCRIPT,
         KEY,
         PROMPT,
+        "-",
         f"{provider.url}/v1",
         "openai/gpt-x",
         LANGFUSE_HOST=collector,
@@ -230,3 +278,14 @@ def test_logging_integrations_named_in_the_environment_get_nothing(
     assert out.split(" ", 2)[:2] == ["openai/gpt-x", "answered"], out
     assert [PROMPT.encode() in post.body for post in provider.posts] == [True]
     assert proxy.connections == 0, [post.head for post in proxy.posts]
+
+
+def test_the_status_names_each_hosted_backends_proxy(
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    proxied = hosted_backend("proxied", "http://127.0.0.1:9/v1", "gpt-a")
+    proxied["proxy"] = "http://127.0.0.1:3128/"
+    direct = hosted_backend("direct", "http://127.0.0.1:9/v1", "gpt-b")
+    gateway = start_gateway([proxied, direct], environ={"HOSTED_KEY": KEY})
+    shown = {b["id"]: b["proxy"] for b in admin_status(gateway.url)["backends"]}
+    assert shown == {"proxied": "http://127.0.0.1:3128", "direct": None}
