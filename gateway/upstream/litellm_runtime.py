@@ -19,13 +19,15 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   included, is printed to stdout); `SSL_VERIFY` removed (`False` turned certificate checks
   off for every hosted call; `ssl_verify` is forced on) and `SSL_SECURITY_LEVEL` (an
   OpenSSL level of 0 allows any cipher).
-- Proxies: none from the environment. Its aiohttp transport read `HTTP_PROXY`,
-  `HTTPS_PROXY`, `ALL_PROXY` (any case) on every request, and the httpx clients it makes
-  without a transport mount them: the proxy read an http call's prompt and key and
-  answered for the provider. `disable_aiohttp_trust_env` is on (`AIOHTTP_TRUST_ENV`
-  removed) and every httpx client it creates loses the routes httpx mounted from the
-  environment (`_direct`). `SSL_CERT_FILE` still replaces certifi's bundle for hosted
-  calls (an operator's bundle, docs/security.md).
+- Proxies: only a hosted backend's `proxy` (gateway.yaml), none from the environment.
+  Its aiohttp transport read `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (any case) on every
+  request, and the httpx clients it makes without a transport mount them: the proxy read
+  an http call's prompt and key and answered for the provider. The transport now asks
+  the hosted call a request belongs to (`call_proxy`, gateway/upstream/hosted_transport.py),
+  `disable_aiohttp_trust_env` is on (`AIOHTTP_TRUST_ENV` removed), and every httpx client
+  it creates loses the routes httpx mounted from the environment (`_direct`).
+  `SSL_CERT_FILE` still replaces certifi's bundle for hosted calls (an operator's
+  bundle, docs/security.md).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
   requests to logging/observability services), no pre- or post-call rules (a stream's
   post-call rules read all its text so far); `suppress_debug_info` (no "Give Feedback"
@@ -39,7 +41,10 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `disable_anthropic_gemini_context_caching_transform=True` (a `cache_control` marker
   never becomes a Gemini or Vertex context cache, a stored `cachedContents` resource whose
   lifetime the request names; gateway/upstream/hosted_fields.py refuses such markers
-  before LiteLLM sees them, this is behind it).
+  before LiteLLM sees them, this is behind it); `enable_anthropic_prompt_caching=False`
+  and no `anthropic_prompt_caching_ttl` (`LITELLM_ENABLE_ANTHROPIC_PROMPT_CACHING=true`,
+  read at import, had it mark every Claude request `cache_control`, the prompt kept by
+  the provider past the backend's declared retention).
 - Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
   through its pydantic models; one of an unexpected shape makes pydantic warn with the
   offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
@@ -157,6 +162,11 @@ _SETTINGS: Final[dict[str, Any]] = {
     "user_url_allowed_hosts": [],
     # No context cache created from a request's `cache_control` (Gemini, Vertex).
     "disable_anthropic_gemini_context_caching_transform": True,
+    # No prompt cache LiteLLM adds on its own (`LITELLM_ENABLE_ANTHROPIC_PROMPT_CACHING`,
+    # read at import: every Claude request's system prompt and last turn, kept by the
+    # provider for `LITELLM_ANTHROPIC_PROMPT_CACHING_TTL`, an hour at most).
+    "enable_anthropic_prompt_caching": False,
+    "anthropic_prompt_caching_ttl": None,
     # Its aiohttp transport, whose connectors are counted (gateway/upstream/hosted_sockets.py).
     "disable_aiohttp_transport": False,
     "http2": False,

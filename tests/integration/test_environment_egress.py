@@ -10,6 +10,7 @@ and `no_proxy` are empty, so loopback is not exempt from the proxy.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -289,3 +290,27 @@ def test_the_status_names_each_hosted_backends_proxy(
     gateway = start_gateway([proxied, direct], environ={"HOSTED_KEY": KEY})
     shown = {b["id"]: b["proxy"] for b in admin_status(gateway.url)["backends"]}
     assert shown == {"proxied": "http://127.0.0.1:3128", "direct": None}
+
+
+def test_litellms_prompt_caching_switch_in_the_environment_caches_no_prompt() -> None:
+    """`LITELLM_ENABLE_ANTHROPIC_PROMPT_CACHING=true` (read when LiteLLM is imported) had
+    it mark every Claude request's system prompt and last turn `cache_control`, with
+    `LITELLM_ANTHROPIC_PROMPT_CACHING_TTL=1h` for an hour: the provider kept the prompt
+    past the retention the policy admitted the backend for, which a client asking the same
+    is refused (gateway/upstream/hosted_fields.py)."""
+    anthropic = AnthropicMock(api_key=KEY)
+    with ServerThread(anthropic) as anthropic_server:
+        out = _child(
+            _HOSTED_SCRIPT,
+            KEY,
+            PROMPT,
+            "-",
+            anthropic_server.url,
+            "anthropic/claude-sonnet-4-5",
+            LITELLM_ENABLE_ANTHROPIC_PROMPT_CACHING="true",
+            LITELLM_ANTHROPIC_PROMPT_CACHING_TTL="1h",
+        )
+    assert out.split(" ", 2)[:2] == ["anthropic/claude-sonnet-4-5", "answered"], out
+    (received,) = anthropic.received
+    assert PROMPT in json.dumps(received.body)
+    assert "cache_control" not in json.dumps(received.body), received.body
