@@ -7,13 +7,21 @@ once, after the first handshake) and makes the other side do handshake work at w
 Python's contexts allow it unless told. Every context goes through `harden`:
 `gateway/upstream/tls.py` (backends), `gateway/attest/listener.py` (the sidecar's
 listener), the witness client and the log mirror (`client_context`).
+
+The gateway's own outbound contexts (private backends without `tls.ca_file`, witnesses)
+trust the operating system's roots as OpenSSL was built to find them (`os_roots_context`),
+not the files `SSL_CERT_FILE` / `SSL_CERT_DIR` name: OpenSSL reads those variables when a
+context loads its default roots, so a CA named only in the process environment could
+answer for any such backend or witness. `client_context` (the auditor's log mirror, run
+by the auditor) keeps them, as urllib and curl do.
 """
 
 from __future__ import annotations
 
+import os
 import ssl
 
-__all__ = ["client_context", "harden"]
+__all__ = ["client_context", "harden", "os_roots_context"]
 
 
 def harden(context: ssl.SSLContext) -> ssl.SSLContext:
@@ -26,3 +34,16 @@ def harden(context: ssl.SSLContext) -> ssl.SSLContext:
 def client_context() -> ssl.SSLContext:
     """A client context trusting the system's roots, the server's name checked."""
     return harden(ssl.create_default_context())
+
+
+def os_roots_context() -> ssl.SSLContext:
+    """A client context trusting the roots OpenSSL was built with (its default CA file and
+    directory), never those the environment names; the server's name checked. A system
+    without them trusts no root: only a backend's own `tls.ca_file` then verifies."""
+    context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+    paths = ssl.get_default_verify_paths()
+    cafile = paths.openssl_cafile if os.path.isfile(paths.openssl_cafile) else None
+    capath = paths.openssl_capath if os.path.isdir(paths.openssl_capath) else None
+    if cafile is not None or capath is not None:
+        context.load_verify_locations(cafile=cafile, capath=capath)
+    return context

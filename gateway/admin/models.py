@@ -61,6 +61,9 @@ class BackendStatus(_Model):
     id: str
     kind: str
     models: list[str]
+    proxy: str | None = Field(
+        default=None, description="hosted: the proxy its calls go through (config `proxy`)"
+    )
     available: bool
     health: str
     health_error: str | None

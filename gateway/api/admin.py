@@ -239,6 +239,7 @@ def _backend(
         "id": backend.id,
         "kind": backend.config.kind,
         "models": models,
+        "proxy": backend.config.proxy,
         "available": not registry.is_down(backend),
         "health": health,
         "health_error": backend.health_error,

@@ -133,6 +133,12 @@ class BackendSettings(_Strict):
         description="a hosted Azure backend's base_url may be https at any host (an API "
         "Management gateway, a custom domain): where it forwards is the operator's word",
     )
+    proxy: str | None = Field(
+        default=None,
+        description="hosted backends: the HTTP proxy (http://host:port) their calls go "
+        "through; default none, straight to the provider (HTTP_PROXY and the like in the "
+        "environment are never used)",
+    )
     isolate_prefix_cache: bool = Field(
         default=False,
         description="the server partitions its prefix cache by `cache_salt` (vLLM, SGLang): "
@@ -195,6 +201,29 @@ class BackendSettings(_Strict):
         if parts.query or parts.fragment:
             raise ValueError("base_url must not carry a query or fragment")
         return value.rstrip("/")
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_shape(cls, value: str | None) -> str | None:
+        # Shown in /admin/status and logs: a password in it would be too, so none is taken.
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if not value.isascii() or not value.isprintable() or " " in value:
+            raise ValueError("proxy must be plain ASCII without spaces or control characters")
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError("proxy must be an http:// URL (http://host:port)")
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"proxy has an invalid port: {exc}") from exc
+        if port is None:
+            raise ValueError("proxy must name its port (http://host:port)")
+        if "@" in parts.netloc:
+            raise ValueError("proxy must not carry credentials (they would be shown)")
+        if parts.path.strip("/") or parts.query or parts.fragment:
+            raise ValueError("proxy must be http://host:port, without a path or query")
+        return f"http://{parts.netloc}"
 
     @model_validator(mode="before")
     @classmethod
@@ -259,6 +288,8 @@ class BackendSettings(_Strict):
                 )
         elif self.unsafe_unchecked_azure_host:
             raise ValueError("unsafe_unchecked_azure_host applies to hosted backends only")
+        if self.proxy is not None and self.kind != "hosted":
+            raise ValueError("proxy applies to hosted backends only (private ones are dialed)")
         # A name the backend serves twice would route to two of its models, and a policy's
         # `models` rule judges the name by one of them: `deny: [x]` escaped by asking `y`
         # when `y` is both a model of its own and an alias of `x`.

@@ -139,6 +139,7 @@ class HostedClient:
         first = next(iter(self._models.values()), "")
         self.provider = backend.provider or first.split("/", 1)[0] or "provider"
         self._api_base = backend.base_url
+        self._proxy = backend.proxy  # None: straight to the provider
         check_base_url_environment(
             backend.id, self._models.values(), environ, has_base_url=backend.base_url is not None
         )
@@ -209,7 +210,7 @@ class HostedClient:
         # as it liked, never failing over.
         is_stream = bool(params.get("stream"))
         by = asyncio.get_running_loop().time() + self._timeout_s if is_stream else None
-        with watching(self._max_answer_bytes) as outbound:
+        with watching(self._max_answer_bytes, self._proxy) as outbound:
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from gateway.upstream.hosted_bound import UNBOUNDED, AnswerTooLarge, bounded_send, in_bounded_send
 
-__all__ = ["AnswerTooLarge", "Outbound", "install_transport_marks", "watching"]
+__all__ = ["AnswerTooLarge", "Outbound", "call_proxy", "install_transport_marks", "watching"]
 
 # (module, class, method): where a request leaves for the network. httpx is LiteLLM's;
 # httpx2 the OpenAI SDK's (which takes either); aiohttp LiteLLM's default transport under
@@ -58,15 +58,17 @@ _MARK: Final = "_owngate_marks_outbound"
 
 class Outbound:
     """One watched hosted call: `reached` once any HTTP request of it began; `max_bytes`
-    bounds what is read of each answer (None: unbounded); `cut` says why one was cut;
+    bounds what is read of each answer (None: unbounded); `proxy`, the backend's `proxy`
+    its requests go through (None: straight to the provider); `cut` says why one was cut;
     `on_head`, when set, is called as a bounded answer's head has arrived (before its
     body is read)."""
 
-    __slots__ = ("cut", "max_bytes", "on_head", "reached")
+    __slots__ = ("cut", "max_bytes", "on_head", "proxy", "reached")
 
-    def __init__(self, max_bytes: int | None = None) -> None:
+    def __init__(self, max_bytes: int | None = None, proxy: str | None = None) -> None:
         self.reached = False
         self.max_bytes = max_bytes
+        self.proxy = proxy
         self.cut: str | None = None
         self.on_head: Callable[[], None] | None = None
 
@@ -76,15 +78,24 @@ _WATCHED: ContextVar[Outbound | None] = ContextVar("owngate_hosted_outbound", de
 
 
 @contextmanager
-def watching(max_bytes: int | None = None) -> Iterator[Outbound]:
+def watching(max_bytes: int | None = None, proxy: str | None = None) -> Iterator[Outbound]:
     """Watch the HTTP requests made in this block (and the tasks it starts); with
-    `max_bytes`, bound what httpx reads of their answers (`_bounded_send`)."""
-    outbound = Outbound(max_bytes)
+    `max_bytes`, bound what httpx reads of their answers (`_bounded_send`); with `proxy`,
+    send them through it (`call_proxy`)."""
+    outbound = Outbound(max_bytes, proxy)
     token = _WATCHED.set(outbound)
     try:
         yield outbound
     finally:
         _WATCHED.reset(token)
+
+
+async def call_proxy(_transport: Any, _request: Any) -> str | None:
+    """The proxy of the watched call a request belongs to, None outside one: what
+    LiteLLM's aiohttp transport asks (`_get_proxy_settings`, in place of the
+    environment's `HTTP_PROXY` and the like; gateway/upstream/litellm_runtime.py)."""
+    outbound = _WATCHED.get()
+    return None if outbound is None else outbound.proxy
 
 
 def _mark() -> None:

@@ -16,7 +16,18 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   Anthropic beta-header table is fetched from GitHub); `LITELLM_RUST=false` (every route
   stays on LiteLLM's Python implementation, the one tested here);
   `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
-  included, is printed to stdout).
+  included, is printed to stdout); `SSL_VERIFY` removed (`False` turned certificate checks
+  off for every hosted call; `ssl_verify` is forced on) and `SSL_SECURITY_LEVEL` (an
+  OpenSSL level of 0 allows any cipher).
+- Proxies: only a hosted backend's `proxy` (gateway.yaml), none from the environment.
+  Its aiohttp transport read `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (any case) on every
+  request, and the httpx clients it makes without a transport mount them: the proxy read
+  an http call's prompt and key and answered for the provider. The transport now asks
+  the hosted call a request belongs to (`call_proxy`, gateway/upstream/hosted_transport.py),
+  `disable_aiohttp_trust_env` is on (`AIOHTTP_TRUST_ENV` removed), and every httpx client
+  it creates loses the routes httpx mounted from the environment (`_direct`).
+  `SSL_CERT_FILE` still replaces certifi's bundle for hosted calls (an operator's
+  bundle, docs/security.md).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
   requests to logging/observability services), no pre- or post-call rules (a stream's
   post-call rules read all its text so far); `suppress_debug_info` (no "Give Feedback"
@@ -30,7 +41,10 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `disable_anthropic_gemini_context_caching_transform=True` (a `cache_control` marker
   never becomes a Gemini or Vertex context cache, a stored `cachedContents` resource whose
   lifetime the request names; gateway/upstream/hosted_fields.py refuses such markers
-  before LiteLLM sees them, this is behind it).
+  before LiteLLM sees them, this is behind it); `enable_anthropic_prompt_caching=False`
+  and no `anthropic_prompt_caching_ttl` (`LITELLM_ENABLE_ANTHROPIC_PROMPT_CACHING=true`,
+  read at import, had it mark every Claude request `cache_control`, the prompt kept by
+  the provider past the backend's declared retention).
 - Warnings: pydantic's serializer warnings are ignored. LiteLLM dumps a provider's answer
   through its pydantic models; one of an unexpected shape makes pydantic warn with the
   offending value (`input_value='...'`, the answer's text, cut in the middle) on stderr,
@@ -89,7 +103,7 @@ from typing import Any, Final
 
 from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.hosted_stream import install_stream_bound
-from gateway.upstream.hosted_transport import install_transport_marks
+from gateway.upstream.hosted_transport import call_proxy, install_transport_marks
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
 from gateway.upstream.text_client import install_text_client_default
@@ -112,6 +126,9 @@ FORCED_ENVIRONMENT: Final[dict[str, str]] = {
 }
 _REMOVED_ENVIRONMENT: Final = (
     "LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD",
+    "AIOHTTP_TRUST_ENV",  # its aiohttp sessions: proxies (and .netrc) from the environment
+    "SSL_VERIFY",  # `false` turned certificate checks off for every hosted call
+    "SSL_SECURITY_LEVEL",  # an OpenSSL security level (`0`: any cipher, any key size)
     "DISABLE_AIOHTTP_TRANSPORT",  # httpx's pool: hosted connections the share would not count
     "LITELLM_HTTP2",  # the same (aiohttp has no HTTP/2)
 )
@@ -145,9 +162,19 @@ _SETTINGS: Final[dict[str, Any]] = {
     "user_url_allowed_hosts": [],
     # No context cache created from a request's `cache_control` (Gemini, Vertex).
     "disable_anthropic_gemini_context_caching_transform": True,
+    # No prompt cache LiteLLM adds on its own (`LITELLM_ENABLE_ANTHROPIC_PROMPT_CACHING`,
+    # read at import: every Claude request's system prompt and last turn, kept by the
+    # provider for `LITELLM_ANTHROPIC_PROMPT_CACHING_TTL`, an hour at most).
+    "enable_anthropic_prompt_caching": False,
+    "anthropic_prompt_caching_ttl": None,
     # Its aiohttp transport, whose connectors are counted (gateway/upstream/hosted_sockets.py).
     "disable_aiohttp_transport": False,
     "http2": False,
+    # No proxy from the environment (`HTTP_PROXY`, `all_proxy`, ...): a hosted call goes
+    # straight to its provider (`_direct` for the httpx clients LiteLLM makes).
+    "aiohttp_trust_env": False,
+    "disable_aiohttp_trust_env": True,
+    "ssl_verify": True,
 }
 
 
@@ -172,6 +199,7 @@ def load_litellm() -> ModuleType:
         setattr(litellm, name, [])
     _refuse_redirects()
     _count_hosted_connections()
+    _proxy_per_call()  # a backend's `proxy`, not the environment's
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
@@ -198,7 +226,7 @@ def _refuse_redirects() -> None:
         @functools.wraps(create)
         def create_client(self: Any, *args: Any, _create: Any = create, **kwargs: Any) -> Any:
             self.follow_redirects = False
-            return _no_redirects(_create(self, *args, **kwargs))
+            return _direct(_no_redirects(_create(self, *args, **kwargs)))
 
         create_client._owngate_no_redirects = True  # type: ignore[attr-defined]
         handler.create_client = create_client
@@ -210,10 +238,17 @@ def _refuse_redirects() -> None:
 
         @functools.wraps(make)
         def make_client(*args: Any, _make: Any = make, **kwargs: Any) -> Any:
-            return _no_redirects(_make(*args, **kwargs))
+            return _direct(_no_redirects(_make(*args, **kwargs)))
 
         make_client._owngate_no_redirects = True  # type: ignore[attr-defined]
         setattr(openai_llm, name, staticmethod(make_client))
+
+
+def _proxy_per_call() -> None:
+    """Make LiteLLM's aiohttp transport send a request through the proxy of the hosted
+    call it belongs to (the backend's `proxy`, `call_proxy`), never the environment's."""
+    transport = importlib.import_module("litellm.llms.custom_httpx.aiohttp_transport")
+    transport.LiteLLMAiohttpTransport._get_proxy_settings = call_proxy
 
 
 def _count_hosted_connections() -> None:
@@ -229,6 +264,15 @@ def _no_redirects(client: Any) -> Any:
     redirect."""
     if client is not None:
         client.follow_redirects = False
+    return client
+
+
+def _direct(client: Any) -> Any:
+    """`client` (an httpx client, or None) without the proxies httpx mounted from the
+    environment when it was made (a client without its own transport, or LiteLLM's
+    `create_httpx_proxy_mounts`): every request on its own transport, to the URL's host."""
+    if client is not None and getattr(client, "_mounts", None):
+        client._mounts = {}  # httpx 0.28: the env's proxy (and NO_PROXY) routes, by pattern
     return client
 
 

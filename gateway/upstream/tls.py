@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
 from gateway.small_files import read_small_file
-from gateway.tls_options import client_context, harden
+from gateway.tls_options import harden, os_roots_context
 
 __all__ = [
     "BackendTLS",
@@ -215,7 +215,7 @@ def _bounded(text: str) -> str:
 
 def system_tls(host: str) -> BackendTLS:
     """An https backend without `tls:`: the system's roots, the URL's host checked."""
-    context = client_context()
+    context = os_roots_context()
     context.set_alpn_protocols(["http/1.1"])
     return BackendTLS(host, context, host)
 
@@ -226,7 +226,7 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
     settings = backend.tls
     own_ca = settings is not None and settings.ca_file is not None
     # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
-    context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else client_context()
+    context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else os_roots_context()
     context.set_alpn_protocols(["http/1.1"])
     files: list[Path] = []
     read: list[str] = []  # each file's SHA-256, taken from the bytes read before loading it

@@ -71,7 +71,7 @@ def tls_witness(
         context.load_verify_locations(cadata=pki.ca.cert_pem.decode("ascii"))
         return context
 
-    monkeypatch.setattr(client, "client_context", trusting)
+    monkeypatch.setattr(client, "os_roots_context", trusting)
     started: list[_TLSWitness] = []
 
     def start(answer: bytes | None, handshake: bool = True) -> _TLSWitness:

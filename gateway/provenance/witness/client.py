@@ -24,7 +24,7 @@ from gateway.provenance.formats.cosignature import CosignatureVerifier, attach_c
 from gateway.provenance.witness.app import STATUS
 from gateway.provenance.witness.lookup import open_witness_connection
 from gateway.provenance.witness.witness import AddCheckpoint, WitnessCode, WitnessError
-from gateway.tls_options import client_context
+from gateway.tls_options import os_roots_context
 
 __all__ = [
     "CLOSE_S",
@@ -167,7 +167,7 @@ async def _exchange(
     authority = host if parts.port is None else f"{host}:{parts.port}"
     path = parts.path.rstrip("/") + "/add-checkpoint"
     reader, writer = await open_witness_connection(
-        parts.hostname, port, client_context() if secure else None, MAX_LINE
+        parts.hostname, port, os_roots_context() if secure else None, MAX_LINE
     )
     try:
         head = (
