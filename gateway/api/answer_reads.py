@@ -28,8 +28,9 @@ too; its status alone tells what happened then, as for one over 64 KiB.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Final
+from typing import Final, NamedTuple
 
 from gateway.api import json_syntax
 from gateway.api.trail import usage_in
@@ -42,6 +43,7 @@ from gateway.upstream.http import UpstreamError, UpstreamResponse
 __all__ = [
     "MAX_ERROR_BODY",
     "check_readable",
+    "check_readable_aside",
     "check_status",
     "cover_answer",
     "ended_by_close",
@@ -151,12 +153,41 @@ def check_readable(data: bytes, *, counted: bool = True, closed: bool = False) -
     was cut short by a backend that died: `UpstreamError("closed")`, as for a framed body
     that broke off. Read as the client reads it (`NaN`, UTF-16: orjson alone refused
     those, and failed answers the client reads)."""
+    read = _parsed(data, counted=counted, closed=closed)
+    if isinstance(read, _Unparsed):
+        _check_unparsed(data, read.text, closed=closed)
+        return None
+    return read
+
+
+async def check_readable_aside(
+    data: bytes, *, counted: bool = True, closed: bool = False
+) -> Usage | None:
+    """`check_readable`, the syntax scan of an answer past the read bounds run in a worker
+    thread: it holds the interpreter (its regular expressions do not let go of it), but
+    the event loop takes it back every switch interval (5 ms) to serve the others, where
+    run on the loop it held it for the whole scan (some 1 s for 16 MiB of `[],[],...`,
+    docs/security.md). A within-bound answer, the usual, is parsed right here, as ever."""
+    read = _parsed(data, counted=counted, closed=closed)
+    if isinstance(read, _Unparsed):
+        await asyncio.to_thread(_check_unparsed, data, read.text, closed=closed)
+        return None
+    return read
+
+
+class _Unparsed(NamedTuple):
+    """An answer past the read bounds, in UTF-8 (`utf8_document`), not parsed."""
+
+    text: bytes
+
+
+def _parsed(data: bytes, *, counted: bool, closed: bool) -> Usage | _Unparsed | None:
+    """`check_readable` but for the syntax scan of one past the read bounds (`_Unparsed`)."""
     try:
         text = utf8_document(data)
         doc = read_json(text)
     except PastBounds:
-        _check_unparsed(data, text, closed=closed)
-        return None
+        return _Unparsed(text)
     except ValueError:
         raise _unreadable(data, closed=closed) from None
     if not isinstance(doc, dict):

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.api.answer_reads import (
-    check_readable,
+    check_readable_aside,
     check_status,
     ended_by_close,
     read_error_body,
@@ -291,7 +291,8 @@ class PrivateRelay:
                 data = self._without_comments(backend.id, data)
             # no client reads an empty or non-JSON "success", nor a cut one
             closed = ended_by_close(response)
-            usage = check_readable(data, counted=exchange.trail is not None, closed=closed)
+            counted = exchange.trail is not None
+            usage = await check_readable_aside(data, counted=counted, closed=closed)
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)

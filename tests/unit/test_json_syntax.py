@@ -3,6 +3,7 @@ verdict of `json.loads`, with memory bounded and its steps counted."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tracemalloc
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.api import json_syntax
-from gateway.api.answer_reads import check_readable
+from gateway.api.answer_reads import check_readable, check_readable_aside
 from gateway.api.usage_read import MAX_CONTAINERS
 from gateway.upstream.http import UpstreamError
 
@@ -149,3 +150,31 @@ def test_an_answer_past_the_bound_is_judged_by_its_syntax() -> None:
     with pytest.raises(UpstreamError) as not_object:
         check_readable(PAST[PAST.index(b"[") : -1])
     assert not_object.value.kind == "shape"
+
+
+def test_the_event_loop_keeps_turning_while_an_answer_past_the_bound_is_scanned() -> None:
+    """Run on the loop, one 4 MiB answer held it for the whole scan (no turn at all); in a
+    worker thread, in matches of a few ms, the loop gets the interpreter back in between."""
+    body = b'{"a":[' + b"[1,2]," * (700 << 10) + b"0]}"
+    json_syntax.refused(b"[]")  # its expressions compiled
+
+    async def turns_during_the_check() -> int:
+        done = asyncio.Event()
+        turns = 0
+
+        async def turn() -> None:
+            nonlocal turns
+            while not done.is_set():
+                await asyncio.sleep(0)
+                turns += 1
+
+        turning = asyncio.create_task(turn())
+        await asyncio.sleep(0)  # it turned once before the check
+        before = turns
+        assert await check_readable_aside(body) is None
+        during = turns - before
+        done.set()
+        await turning
+        return during
+
+    assert asyncio.run(turns_during_the_check()) > 2
