@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Final, NamedTuple
+from typing import Final
 
 from gateway.api import json_syntax
 from gateway.api.trail import usage_in
@@ -42,8 +42,8 @@ from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "Unscanned",
     "check_readable",
-    "check_readable_aside",
     "check_status",
     "cover_answer",
     "ended_by_close",
@@ -135,7 +135,9 @@ def check_status(status: int) -> None:
         raise UpstreamError("shape", f"a redirect (HTTP {status}), not followed")
 
 
-def check_readable(data: bytes, *, counted: bool = True, closed: bool = False) -> Usage | None:
+def check_readable(
+    data: bytes, *, counted: bool = True, closed: bool = False, aside: bool = False
+) -> Usage | None:
     """The usage of a 2xx whole answer as its client's `json.loads(bytes)` reads it
     (`counted`; else None: no record wants it), read before the client sees a byte; raise
     `UpstreamError("shape")` when it is one no OpenAI client reads as the completion,
@@ -152,47 +154,41 @@ def check_readable(data: bytes, *, counted: bool = True, closed: bool = False) -
     `closed`: a JSON answer the close ended (`ended_by_close`). One that does not parse
     was cut short by a backend that died: `UpstreamError("closed")`, as for a framed body
     that broke off. Read as the client reads it (`NaN`, UTF-16: orjson alone refused
-    those, and failed answers the client reads)."""
-    read = _parsed(data, counted=counted, closed=closed)
-    if isinstance(read, _Unparsed):
-        _check_unparsed(data, read.text, closed=closed)
-        return None
-    return read
+    those, and failed answers the client reads).
 
-
-async def check_readable_aside(
-    data: bytes, *, counted: bool = True, closed: bool = False
-) -> Usage | None:
-    """`check_readable`, the syntax scan of an answer past the read bounds run in a worker
-    thread: it holds the interpreter (its regular expressions do not let go of it), but
-    the event loop takes it back every switch interval (5 ms) to serve the others, where
-    run on the loop it held it for the whole scan (some 1 s for 16 MiB of `[],[],...`,
-    docs/security.md). A within-bound answer, the usual, is parsed right here, as ever."""
-    read = _parsed(data, counted=counted, closed=closed)
-    if isinstance(read, _Unparsed):
-        await asyncio.to_thread(_check_unparsed, data, read.text, closed=closed)
-        return None
-    return read
-
-
-class _Unparsed(NamedTuple):
-    """An answer past the read bounds, in UTF-8 (`utf8_document`), not parsed."""
-
-    text: bytes
-
-
-def _parsed(data: bytes, *, counted: bool, closed: bool) -> Usage | _Unparsed | None:
-    """`check_readable` but for the syntax scan of one past the read bounds (`_Unparsed`)."""
+    `aside`: the syntax scan of one past the read bounds is left to the caller, raised as
+    `Unscanned` (the event loop's caller awaits its `scanned()`, in a worker thread)."""
     try:
         text = utf8_document(data)
         doc = read_json(text)
     except PastBounds:
-        return _Unparsed(text)
+        if aside:
+            raise Unscanned(data, text, closed) from None
+        _check_unparsed(data, text, closed=closed)
+        return None
     except ValueError:
         raise _unreadable(data, closed=closed) from None
     if not isinstance(doc, dict):
         raise UpstreamError("shape", _NOT_OBJECT)
     return usage_in(doc, text) if counted else None
+
+
+class Unscanned(Exception):
+    """A whole answer past the read bounds whose syntax scan `check_readable(aside=True)`
+    left to its caller. `scanned()` runs it in a worker thread: it holds the interpreter
+    (a match of its regular expressions does not let go of it), but the event loop takes
+    it back every switch interval (5 ms) between its matches of a few ms, where run on the
+    loop it held it for the whole scan (some 1.7 s for 16 MiB of `[1,2],...`,
+    docs/security.md). Within the bounds, the usual, nothing changes: no thread."""
+
+    def __init__(self, data: bytes, text: bytes, closed: bool) -> None:
+        super().__init__("an answer past the read bounds, its syntax not scanned yet")
+        self._data, self._text, self._closed = data, text, closed
+
+    async def scanned(self) -> None:
+        """Return once its syntax was scanned (its usage is unknown), or raise what
+        `check_readable` raises."""
+        await asyncio.to_thread(_check_unparsed, self._data, self._text, closed=self._closed)
 
 
 def _check_unparsed(data: bytes, text: bytes, *, closed: bool) -> None:

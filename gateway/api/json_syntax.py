@@ -16,7 +16,7 @@ to the caller (`PastBounds` already says the client may or may not read it).
 
 Bounded: each match takes at most `_RUN_LENGTH` values of at most `_NESTED_LENGTH`
 elements in each of their arrays and objects (a few ms: a call into the expression
-engine never lets go of the interpreter, and `answer_reads.check_readable_aside` runs the
+engine never lets go of the interpreter, and `answer_reads.Unscanned.scanned` runs the
 scan in a worker thread), no byte is read by more than four matches (those starting at
 it and at its two nearest enclosing arrays or objects), and the loop takes at most
 `MAX_STEPS` steps, past which the document is `Unchecked`. Measured on the 2-core test

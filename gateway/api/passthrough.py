@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.api.answer_reads import (
-    check_readable_aside,
+    Unscanned,
+    check_readable,
     check_status,
     ended_by_close,
     read_error_body,
@@ -292,7 +293,11 @@ class PrivateRelay:
             # no client reads an empty or non-JSON "success", nor a cut one
             closed = ended_by_close(response)
             counted = exchange.trail is not None
-            usage = await check_readable_aside(data, counted=counted, closed=closed)
+            try:
+                usage = check_readable(data, counted=counted, closed=closed, aside=True)
+            except Unscanned as past:  # past the read bounds: scanned beside the loop
+                await past.scanned()
+                usage = None  # relayed with its usage unknown
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)
