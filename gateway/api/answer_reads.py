@@ -6,10 +6,11 @@ A backend is trusted to serve, not to be well-behaved: an error body is read up 
 64 KiB and only by the attempt's first-byte deadline (one that trickles in must not hold
 the failover past the request's deadline); a JSON answer whose body ended with the
 connection (no length, not chunked) is whole only if it parses as its client's
-`json.loads` reads it, as a backend that died mid-answer closes the connection too; one
-of more arrays and objects than the gateway parses (`usage_read.MAX_CONTAINERS`) cannot
-be checked and counts as cut short (it held the event loop 6.8 s for a 15 MiB
-`[],[],...`, with the collector running).
+`json.loads` reads it, as a backend that died mid-answer closes the connection too. One
+past the bounds the gateway parses within (`usage_read.PastBounds`: more arrays and
+objects than `usage_read.MAX_CONTAINERS`, say) is judged by its syntax alone
+(`json_syntax`, which builds nothing; a parse of a 15 MiB `[],[],...` held the event loop
+6.8 s with the collector running) and gets the verdict a smaller one gets.
 
 Every whole answer the gateway holds (and every error body it reads) is counted against
 `limits.max_held_answer_bytes`, one budget for all requests of the process (`answers` of
@@ -27,9 +28,11 @@ too; its status alone tells what happened then, as for one over 64 KiB.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Final
 
+from gateway.api import json_syntax
 from gateway.api.trail import usage_in
 from gateway.api.usage_read import PastBounds, read_json, utf8_document
 from gateway.body_budget import Held, hold_answer
@@ -39,6 +42,7 @@ from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = [
     "MAX_ERROR_BODY",
+    "Unscanned",
     "check_readable",
     "check_status",
     "cover_answer",
@@ -113,7 +117,7 @@ _JSON_SPACE: Final = b" \t\r\n"
 _NOT_OBJECT: Final = "a body that is not a JSON object"
 _NOT_PARSED: Final = "a JSON object that does not parse"
 _CUT_SHORT: Final = "the answer ended with the connection, cut short"
-_PAST_BOUNDS: Final = "the answer ended with the connection, past the bounds to check it whole"
+_UNCHECKED: Final = "an answer past the bounds to check that it parses"
 
 
 def check_status(status: int) -> None:
@@ -131,7 +135,9 @@ def check_status(status: int) -> None:
         raise UpstreamError("shape", f"a redirect (HTTP {status}), not followed")
 
 
-def check_readable(data: bytes, *, counted: bool = True, closed: bool = False) -> Usage | None:
+def check_readable(
+    data: bytes, *, counted: bool = True, closed: bool = False, aside: bool = False
+) -> Usage | None:
     """The usage of a 2xx whole answer as its client's `json.loads(bytes)` reads it
     (`counted`; else None: no record wants it), read before the client sees a byte; raise
     `UpstreamError("shape")` when it is one no OpenAI client reads as the completion,
@@ -141,32 +147,72 @@ def check_readable(data: bytes, *, counted: bool = True, closed: bool = False) -
     that is not text in its encoding). The record would state a success the client could
     not read: the attempt fails before the client saw a byte, as an answer of the other
     shape does (the next backend may serve, else 502). One past the read bounds
-    (`PastBounds`) is refused only when it does not open an object: its client may read
-    it (its usage is unknown). The answer's one parse: the record's usage is read from
+    (`PastBounds`) is judged the same by its syntax alone (`_check_unparsed`); relayed,
+    its usage is unknown (None). The answer's one parse: the record's usage is read from
     it (`Trail.read_as`), never again.
 
     `closed`: a JSON answer the close ended (`ended_by_close`). One that does not parse
-    was cut short by a backend that died, and one past the bounds cannot be told whole:
-    `UpstreamError("closed")`, as for a framed body that broke off. Read as the client
-    reads it (`NaN`, UTF-16: orjson alone refused those, and failed answers the client
-    reads)."""
+    was cut short by a backend that died: `UpstreamError("closed")`, as for a framed body
+    that broke off. Read as the client reads it (`NaN`, UTF-16: orjson alone refused
+    those, and failed answers the client reads).
+
+    `aside`: the syntax scan of one past the read bounds is left to the caller, raised as
+    `Unscanned` (the event loop's caller awaits its `scanned()`, in a worker thread)."""
     try:
         text = utf8_document(data)
         doc = read_json(text)
     except PastBounds:
-        if closed:
-            raise UpstreamError("closed", _PAST_BOUNDS) from None
-        if not _opens_object(data):
-            raise UpstreamError("shape", _NOT_OBJECT) from None
+        if aside:
+            raise Unscanned(data, text, closed) from None
+        _check_unparsed(data, text, closed=closed)
         return None
     except ValueError:
-        if closed:
-            raise UpstreamError("closed", _CUT_SHORT) from None
-        unread = _NOT_PARSED if _opens_object(data) else _NOT_OBJECT
-        raise UpstreamError("shape", unread) from None
+        raise _unreadable(data, closed=closed) from None
     if not isinstance(doc, dict):
         raise UpstreamError("shape", _NOT_OBJECT)
     return usage_in(doc, text) if counted else None
+
+
+class Unscanned(Exception):
+    """A whole answer past the read bounds whose syntax scan `check_readable(aside=True)`
+    left to its caller. `scanned()` runs it in a worker thread: it holds the interpreter
+    (a match of its regular expressions does not let go of it), but the event loop takes
+    it back every switch interval (5 ms) between its matches of a few ms, where run on the
+    loop it held it for the whole scan (some 1.7 s for 16 MiB of `[1,2],...`,
+    docs/security.md). Within the bounds, the usual, nothing changes: no thread."""
+
+    def __init__(self, data: bytes, text: bytes, closed: bool) -> None:
+        super().__init__("an answer past the read bounds, its syntax not scanned yet")
+        self._data, self._text, self._closed = data, text, closed
+
+    async def scanned(self) -> None:
+        """Return once its syntax was scanned (its usage is unknown), or raise what
+        `check_readable` raises."""
+        await asyncio.to_thread(_check_unparsed, self._data, self._text, closed=self._closed)
+
+
+def _check_unparsed(data: bytes, text: bytes, *, closed: bool) -> None:
+    """Judge an answer past the read bounds (`text`: `data` in UTF-8) as one within them is
+    judged, by its syntax alone (`json_syntax.refused`, which builds nothing): one its
+    client's `json.loads` refuses fails as `_unreadable`; one that opens no object is no
+    answer; one the scan gives up on (`json_syntax.Unchecked`, built to be costly) cannot be
+    told readable, nor whole: a failed attempt, never relayed as served."""
+    try:
+        refused = json_syntax.refused(text)
+    except json_syntax.Unchecked:
+        raise UpstreamError("closed" if closed else "shape", _UNCHECKED) from None
+    if refused:
+        raise _unreadable(data, closed=closed)
+    if not _opens_object(data):
+        raise UpstreamError("shape", _NOT_OBJECT)
+
+
+def _unreadable(data: bytes, *, closed: bool) -> UpstreamError:
+    """The failure of an answer its client's `json.loads` refuses: cut short when the close
+    ended it (a backend that died mid-answer), else of a shape no client reads."""
+    if closed:
+        return UpstreamError("closed", _CUT_SHORT)
+    return UpstreamError("shape", _NOT_PARSED if _opens_object(data) else _NOT_OBJECT)
 
 
 def _opens_object(data: bytes) -> bool:

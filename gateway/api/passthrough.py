@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.api.answer_reads import (
+    Unscanned,
     check_readable,
     check_status,
     ended_by_close,
@@ -291,7 +292,12 @@ class PrivateRelay:
                 data = self._without_comments(backend.id, data)
             # no client reads an empty or non-JSON "success", nor a cut one
             closed = ended_by_close(response)
-            usage = check_readable(data, counted=exchange.trail is not None, closed=closed)
+            counted = exchange.trail is not None
+            try:
+                usage = check_readable(data, counted=counted, closed=closed, aside=True)
+            except Unscanned as past:  # past the read bounds: scanned beside the loop
+                await past.scanned()
+                usage = None  # relayed with its usage unknown
             exchange.status = status
             exchange.response_started = True
             relayed(exchange, data, whole=True)

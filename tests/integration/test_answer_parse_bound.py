@@ -17,8 +17,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.api.usage_read import MAX_CONTAINERS
-from tests.helpers.gateways import Gateway, logged_private_gateway
+from gateway.api.usage_read import MAX_CONTAINERS, MAX_FALLBACK
+from tests.helpers.audit_rig import (
+    JSON,
+    WHOLE,
+    assert_shape_failure_recorded,
+    client_gets,
+    first_then,
+    logged,
+    request_log,
+    settled,
+    whole_answer,
+    writes,
+)
+from tests.helpers.gateways import Gateway, backend, logged_private_gateway
 from tests.helpers.provenance import completion_record
 from tests.helpers.raw_backend import Answer, Post, RawBackend
 
@@ -79,24 +91,76 @@ def test_a_framed_answer_past_the_bound_is_relayed_with_its_usage_unknown(
 
 
 @pytest.mark.parametrize(
-    ("arrays", "whole"), [(MAX_CONTAINERS - 8, True), (MAX_CONTAINERS + 1, False)]
+    ("arrays", "cut"),
+    [(MAX_CONTAINERS - 8, False), (MAX_CONTAINERS + 1, False), (MAX_CONTAINERS + 1, True)],
 )
-def test_an_answer_ended_by_the_close_past_the_bound_is_a_failed_attempt(
+def test_an_answer_ended_by_the_close_past_the_bound_is_whole_only_when_it_parses(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     arrays: int,
-    whole: bool,
+    cut: bool,
 ) -> None:
-    body = answer_of(arrays)
+    """Past the bound its syntax alone tells it whole, as a parse does within it."""
+    body = answer_of(arrays)[: -1 if cut else None]
     raw = start_raw(answering(body, framed=False))
     gateway = logged_private_gateway(start_gateway, tmp_path, raw.url, ORIGIN)
     response = post(gateway)
     record = completion_record(tmp_path / "log", response.headers["x-request-id"])
-    if whole:
+    if not cut:
         assert (response.status_code, response.content) == (200, body)
         assert record["status"] == 200
     else:
         assert response.status_code == 503  # its only backend failed: none left to try
         assert response.json()["error"]["code"] == "backend_unavailable"
         assert record["status"] == 503 and record["response_commitment"] is None
+
+
+# Answers past the read bounds that `json.loads` refuses: past `MAX_CONTAINERS`, over
+# `MAX_FALLBACK` bytes (orjson refused them, the standard library does not read so many),
+# nested deeper than `MAX_DEPTH`. Each was relayed as served.
+_PAST = answer_of(MAX_CONTAINERS + 1)
+_LONG = b'{"id":"c","choices":[{"message":{"content":"' + b"x" * (MAX_FALLBACK + 8) + b'"}}]}'
+UNPARSABLE = {
+    "cut-short": _PAST[:-1],
+    "garbage-after": _PAST + b"<!-- proxy -->",
+    "bad-escape": _PAST[:-1] + b',"s":"\\x"}',
+    "not-utf8": _PAST[:-1] + b',"s":"\xff"}',
+    "long-cut-short": _LONG[:-1],
+    "long-control-character": _LONG.replace(b"xx", b"x\x01", 1),
+    "deep-then-garbage": b'{"a":' + b"[" * 600 + b"x",
+}
+
+
+@pytest.mark.parametrize("case", list(UNPARSABLE))
+def test_an_unparsable_answer_past_the_bound_is_a_502_and_recorded_so(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    raw = start_raw(writes(whole_answer(200, UNPARSABLE[case], JSON)))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    assert_shape_failure_recorded(client_gets(gateway, WHOLE), tmp_path / "log", vkey)
+
+
+def test_the_next_backend_serves_after_an_unparsable_answer_past_the_bound(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The records name the first backend failed (502, nothing committed) and the second
+    as the one whose answer the client got, relayed exactly (with its usage unknown: the
+    independent audit would find the usage shown missing from the record)."""
+    bad, good = whole_answer(200, _PAST[:-1], JSON), whole_answer(200, _PAST, JSON)
+    posts: list[str] = []
+    backends = [backend(n, start_raw(first_then(posts, n, (bad,), (good,))).url, "m") for n in "ab"]
+    gateway, vkey = logged(start_gateway, tmp_path, backends)
+    received = client_gets(gateway, WHOLE)
+    assert (received.status, received.body) == (200, _PAST)
+    settled(tmp_path / "log", vkey, received.headers["x-request-id"])
+    found = request_log(tmp_path / "log", vkey, received.headers["x-request-id"])
+    assert [r["backend"]["id"] for r in found[::2]] == posts
+    assert [r["status"] for r in found[1::2]] == [502, 200]
+    assert found[1]["response_commitment"] is None
+    assert found[3]["usage"] is None  # past the bound: relayed with its usage unknown

@@ -1,0 +1,182 @@
+"""The syntax scan for answers past the read bounds (gateway/api/json_syntax.py): the
+verdict of `json.loads`, with memory bounded and its steps counted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.api import json_syntax
+from gateway.api.answer_reads import Unscanned, check_readable
+from gateway.api.usage_read import MAX_CONTAINERS
+from gateway.upstream.http import UpstreamError
+
+
+def loads_refuses(text: bytes) -> bool:
+    """Whether `json.loads` refuses `text`, UTF-8 as `utf8_document` hands it on (a byte
+    order mark taken off already: one more is refused)."""
+    try:
+        json.loads(text.decode("utf-8", "surrogatepass"))
+    except ValueError:  # (UnicodeDecodeError is one)
+        return True
+    return False
+
+
+CASES = [
+    b"{}",
+    b" [ ] ",
+    b'{"a":[1,2.5e-3,-0,true,false,null,NaN,-Infinity,Infinity,"\\u00e9\\n\\"x"]}',
+    b"[" * 40 + b"]" * 40,
+    b'{"a":' * 40 + b"1" + b"}" * 40,
+    b"[[[[[1],[2,[[]]]]]],{}]",
+    b'{"a":[{"b":[{"c":[{"d":[]}]}]}],"e":{"f":{"g":{"h":{}}}}}',
+    b'"\xed\xa0\x80"',  # a lone surrogate, as `surrogatepass` writes it
+    b'"\xc3\xa9"',
+    b"123456789012345678901234567890",
+    b"",
+    b"  ",
+    b"[1,]",
+    b'{"a":1,}',
+    b"[,1]",
+    b'{"a" 1}',
+    b"{1:2}",
+    b'{"a":1 "b":2}',
+    b"[1 2]",
+    b"[01]",
+    b"[1.]",
+    b"[.5]",
+    b"[+1]",
+    b"[1e]",
+    b"[-]",
+    b"[tru]",
+    b"[nul]",
+    b"[-NaN]",
+    b"[Infinityx]",
+    b'["\\x"]',
+    b'["\\u12g4"]',
+    b'["a\x01"]',
+    b'["\xff"]',
+    b'["\xc3"]',
+    b"[" * 40 + b"]" * 39,
+    b"[" * 40 + b"]" * 41,
+    b"[[[[[[}]]]]]",
+    b"{}{}",
+    b"{} x",
+    b"\xef\xbb\xbf{}",
+    b'{"a":' + b"[" * 20 + b"x",
+    b"[1]\x00",
+]
+
+
+@pytest.mark.parametrize("text", CASES)
+def test_the_scan_refuses_what_json_loads_refuses(text: bytes) -> None:
+    assert json_syntax.refused(text) is loads_refuses(text)
+
+
+_SCALARS = st.sampled_from([b"1", b"-0.5e+3", b'"s\\"x"', b"true", b"null", b"NaN", b'""'])
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4).map(lambda xs: b"[" + b" , ".join(xs) + b"]"),
+        st.lists(inner, max_size=4).map(
+            lambda xs: b"{" + b",".join(b'"k":' + x for x in xs) + b"}"
+        ),
+    ),
+    max_leaves=30,
+)
+_PIECES = st.sampled_from([b"[", b"]", b"{", b"}", b",", b":", b'"', b"1", b"\\", b" ", b"x"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(_VALUES, st.integers(min_value=0), st.integers(min_value=0, max_value=2), _PIECES)
+def test_the_scan_agrees_with_json_loads_on_values_and_their_mutations(
+    value: bytes, at: int, how: int, piece: bytes
+) -> None:
+    at %= len(value) + 1
+    text = [value, value[:at] + piece + value[at:], value[:at] + value[at + 1 :]][how]
+    assert json_syntax.refused(text) is loads_refuses(text)
+
+
+def test_past_its_steps_a_document_is_unchecked_not_judged() -> None:
+    # each level a step or more: `[1,` nests deeper than one match takes
+    deep = b"[1," * json_syntax.MAX_STEPS + b"2" + b"]" * json_syntax.MAX_STEPS
+    with pytest.raises(json_syntax.Unchecked):
+        json_syntax.refused(deep)
+    assert json_syntax.refused(b"[1," * 1000 + b"2" + b"]" * 1000) is False
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a":[' + b"[]," * (5 << 20) + b"0]}",  # 15 MiB, one match
+        b'{"a":[' + b'{"a":{}},' * (1 << 20) + b"0]}",
+        b"[" * (4 << 20) + b"]" * (4 << 20),  # a byte a level on the stack
+    ],
+    ids=["arrays", "objects", "nested"],
+)
+def test_the_scan_builds_nothing(body: bytes) -> None:
+    """Where `orjson.loads` of the first grew the process by 510 MB."""
+    json_syntax.refused(b"[]")  # its expressions compiled
+    cut = body[:-1]
+    tracemalloc.start()
+    try:
+        assert json_syntax.refused(body) is False
+        assert json_syntax.refused(cut) is True
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # a few MiB of text decoded or sliced at a time; the stack, a byte an open level
+    assert peak < (8 << 20) + (len(body) if body.startswith(b"[[") else 0)
+
+
+PAST = b'{"id":"c","x":[' + b"[]," * (MAX_CONTAINERS + 1) + b"0]}"
+
+
+def test_an_answer_past_the_bound_is_judged_by_its_syntax() -> None:
+    assert check_readable(PAST) is None  # read: relayed with its usage unknown
+    assert check_readable(PAST, closed=True) is None  # whole
+    for broken in (PAST[:-1], PAST + b"x", PAST.replace(b"[],", b"[]x", 1)):
+        with pytest.raises(UpstreamError) as shape:
+            check_readable(broken)
+        assert shape.value.kind == "shape"
+        with pytest.raises(UpstreamError) as closed:
+            check_readable(broken, closed=True)
+        assert closed.value.kind == "closed"
+    with pytest.raises(UpstreamError) as not_object:
+        check_readable(PAST[PAST.index(b"[") : -1])
+    assert not_object.value.kind == "shape"
+
+
+def test_the_event_loop_keeps_turning_while_an_answer_past_the_bound_is_scanned() -> None:
+    """Run on the loop, one 4 MiB answer held it for the whole scan (no turn at all); in a
+    worker thread, in matches of a few ms, the loop gets the interpreter back in between."""
+    body = b'{"a":[' + b"[1,2]," * (700 << 10) + b"0]}"
+    json_syntax.refused(b"[]")  # its expressions compiled
+
+    async def turns_during_the_check() -> int:
+        done = asyncio.Event()
+        turns = 0
+
+        async def turn() -> None:
+            nonlocal turns
+            while not done.is_set():
+                await asyncio.sleep(0)
+                turns += 1
+
+        turning = asyncio.create_task(turn())
+        await asyncio.sleep(0)  # it turned once before the check
+        before = turns
+        with pytest.raises(Unscanned) as past:
+            check_readable(body, aside=True)
+        await past.value.scanned()
+        during = turns - before
+        done.set()
+        await turning
+        return during
+
+    assert asyncio.run(turns_during_the_check()) > 2
