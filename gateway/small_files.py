@@ -17,6 +17,8 @@ import os
 import stat
 from pathlib import Path
 
+from gateway.confined_reads import check_opened
+
 __all__ = ["open_regular_file", "read_file_head", "read_small_file"]
 
 
@@ -27,6 +29,7 @@ def open_regular_file(path: Path) -> tuple[int, os.stat_result]:
     # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
+        check_opened(fd, path)  # an admin API candidate's: under its roots (confined_reads)
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
