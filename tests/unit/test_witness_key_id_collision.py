@@ -138,8 +138,9 @@ def test_a_genuine_log_cosigned_by_a_twin_fails_no_audit_that_trusts_it_not(log:
 
 def test_the_gateway_refuses_twin_witnesses_at_config_load() -> None:
     witnesses = [{"url": "http://127.0.0.1:9/w", "vkey": w.vkey} for w in (W1, W2)]
+    settings = {"dir": "log", "origin": "gpu", "signing_key_file": "log.key"}
     with pytest.raises(ValidationError, match=r"gpu\+2f6338d7.*ambiguous"):
-        ProvenanceSettings(dir="log", origin="gpu", signing_key_file="log.key", witnesses=witnesses)
+        ProvenanceSettings.model_validate({**settings, "witnesses": witnesses})
 
 
 def test_the_gateway_refuses_a_witness_that_twins_its_key_at_the_logs_open(
@@ -147,11 +148,13 @@ def test_the_gateway_refuses_a_witness_that_twins_its_key_at_the_logs_open(
 ) -> None:
     (tmp_path / "log.key").write_text(LOGS_KEY.skey(_seed(58525)) + "\n")
     (tmp_path / "log.key").chmod(0o600)
-    settings = ProvenanceSettings(
-        dir="log",
-        origin="gpu",
-        signing_key_file="log.key",
-        witnesses=[{"url": "http://127.0.0.1:9/w", "vkey": TWIN.vkey}],
+    settings = ProvenanceSettings.model_validate(
+        {
+            "dir": "log",
+            "origin": "gpu",
+            "signing_key_file": "log.key",
+            "witnesses": [{"url": "http://127.0.0.1:9/w", "vkey": TWIN.vkey}],
+        }
     )
     with pytest.raises(KeyFormatError, match=r"gpu\+236e30eb.*ambiguous"):
         asyncio.run(open_log(settings, tmp_path, new_origin=False, events=get_logger("test")))
