@@ -293,9 +293,10 @@ def admin_app(app: GatewayApp) -> FastAPI:
     same runtime and acts through the app's own reload and drain. Imported here, never
     by the public surface: the hot path does not load FastAPI."""
     from gateway.admin.app import create_admin_app
-    from gateway.admin.candidate_files import outside_files
+    from gateway.admin.candidate_files import outside_files, reading_roots
     from gateway.admin.control import AdminControl
     from gateway.api.operations import Operations
+    from gateway.confined_reads import confined as confined_reads
     from gateway.validation import validate
 
     async def reload() -> bool:
@@ -304,13 +305,17 @@ def admin_app(app: GatewayApp) -> FastAPI:
         return await app.reloader.reload()
 
     def check(text: str) -> list[str]:
-        try:
-            candidate = load_config_text(
-                text, app.config_dir, source="candidate", env=env, files=confined
-            )
-        except ConfigError as exc:
-            return _unquoted([f"{exc.source}:{issue}" for issue in exc.issues], text, env)
-        return _unquoted(validate(candidate, environ=env, config_dir=app.config_dir), text, env)
+        # Every file validation opens is checked as opened, under the roots `confined`
+        # checked its paths against: a link swapped in after that check is not read.
+        with confined_reads(reading_roots(app.config, app.config_dir)):
+            try:
+                candidate = load_config_text(
+                    text, app.config_dir, source="candidate", env=env, files=confined
+                )
+            except ConfigError as exc:
+                return _unquoted([f"{exc.source}:{issue}" for issue in exc.issues], text, env)
+            problems = validate(candidate, environ=env, config_dir=app.config_dir)
+        return _unquoted(problems, text, env)
 
     def confined(candidate: GatewaySettings) -> list[ConfigIssue]:  # read no other file
         return outside_files(candidate, app.config, app.config_dir)

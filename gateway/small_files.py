@@ -4,6 +4,10 @@ A key, certificate or key-hash file is a regular file of at most a few megabytes
 named by mistake must not block the reader for ever waiting for a writer, and
 `/dev/zero` or a multi-gigabyte file must not be read whole into memory: both are refused
 with an `OSError` whose `strerror` says why, as an unreadable file's does.
+`open_regular_file` is the same opening for a reader that streams a file of any size
+(an auditor's body file, hashed in chunks: `provenance.audit.body_file`), and
+`read_file_head` reads no more than a parser takes (a receipt or a proof, refused by its
+parser when it is longer).
 """
 
 from __future__ import annotations
@@ -13,18 +17,33 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["read_small_file"]
+from gateway.confined_reads import check_opened
+
+__all__ = ["open_regular_file", "read_file_head", "read_small_file"]
+
+
+def open_regular_file(path: Path) -> tuple[int, os.stat_result]:
+    """A descriptor open for reading on the regular file at `path` (symlinks followed)
+    and its status; OSError (the descriptor closed) when it cannot be opened or is not a
+    regular file: a FIFO, a device such as `/dev/zero`, a directory, a socket."""
+    # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        check_opened(fd, path)  # an admin API candidate's: under its roots (confined_reads)
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, status
 
 
 def read_small_file(path: Path, limit: int) -> bytes:
     """The bytes of the regular file at `path` (symlinks followed), at most `limit` of
     them; OSError when it cannot be opened, is not a regular file or is larger."""
-    # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd, status = open_regular_file(path)
     try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
         # A read allocates what it asks for: ask for the size the file says it has (and a
         # byte to see it end), not `limit` (16 MiB for a log's entry bundle) each time.
         want = status.st_size + 1
@@ -41,3 +60,11 @@ def read_small_file(path: Path, limit: int) -> bytes:
     if size > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
     return b"".join(chunks)
+
+
+def read_file_head(path: Path, limit: int) -> bytes:
+    """The first `limit` bytes (or fewer: all) of the regular file at `path`, for a
+    parser that refuses input of `limit` bytes itself; OSError as `open_regular_file`."""
+    fd, _status = open_regular_file(path)
+    with os.fdopen(fd, "rb") as file:
+        return file.read(limit)

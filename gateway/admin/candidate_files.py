@@ -13,7 +13,9 @@ about a file quoted what it held (a document's `apiVersion` and `kind`, a mappin
 names, a YAML tag). A path outside both is a problem named before any file is read, and
 so is a link to a file outside both among the files of a policy directory it names (the
 policy loader reads a link to a file wherever it points); `owngate config validate` on
-the host checks any path.
+the host checks any path. The paths are checked before anything is read, and read a
+moment later: the admin API reads them inside `confined_reads.confined(reading_roots(...))`,
+which checks each file as it is opened, so a link swapped in between is refused, not read.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from pathlib import Path
 
 from gateway.config.loader import ConfigIssue
 from gateway.config.schema import GatewaySettings
+from gateway.confined_reads import within
 from gateway.policy.source import discover
 
-__all__ = ["outside_files"]
+__all__ = ["outside_files", "reading_roots"]
 
 _OUTSIDE = (
     "{value!r} is outside the files this gateway reads: a candidate sent to the admin API "
@@ -46,9 +49,7 @@ def outside_files(
 ) -> list[ConfigIssue]:
     """A problem for each path `candidate` names (relative to `config_dir`, as both
     configs' are) that resolves outside `config_dir` and outside what `running` reads."""
-    read = list(_named(running, config_dir))
-    roots = [_resolved(config_dir, ".")] + [_resolved(config_dir, value) for _, value in read]
-    roots += [os.path.realpath(file) for file in _policy_files(read, config_dir) or ()]
+    roots = reading_roots(running, config_dir)
     issues: list[ConfigIssue] = []
     walked: set[str] = set()  # a policy path named again is checked (walked) once
     for loc, value in _named(candidate, config_dir):
@@ -69,6 +70,14 @@ def outside_files(
                 if not _inside(os.path.realpath(file), roots)
             ]
     return issues
+
+
+def reading_roots(running: GatewaySettings, config_dir: Path) -> list[str]:
+    """The real paths a candidate's files may lie under: `config_dir`, and what `running`
+    reads (its named paths, and the files of its policy directories, links resolved)."""
+    read = list(_named(running, config_dir))
+    roots = [_resolved(config_dir, ".")] + [_resolved(config_dir, value) for _, value in read]
+    return roots + [os.path.realpath(file) for file in _policy_files(read, config_dir) or ()]
 
 
 def _named(
@@ -123,8 +132,4 @@ def _resolved(config_dir: Path, value: str) -> str:
 
 
 def _inside(path: str, roots: list[str]) -> bool:
-    return any(_within(path, root) for root in roots)
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+    return any(within(path, root) for root in roots)

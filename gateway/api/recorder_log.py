@@ -22,6 +22,7 @@ from gateway.provenance import (
     load_signer,
     seal_receipts,
 )
+from gateway.provenance.formats.cosignature import CosignatureVerifier, unambiguous_witnesses
 from gateway.provenance.keys import unambiguous
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.high_water import HighWater
@@ -73,7 +74,11 @@ async def open_log(
     retired = [Verifier(vkey) for vkey in settings.retired_verifier_keys]
     # A retired key under the signing key's name and id (config load checks the retired
     # ones among themselves): a checkpoint or receipt line could be either's (keys.py).
-    unambiguous([signer.verifier(), *(key.verifier() for key in previous), *retired])
+    own = [signer.verifier(), *(key.verifier() for key in previous), *retired]
+    unambiguous(own)
+    # A witness under one of those names and ids: its cosignatures in cosigned/ would be
+    # checked as the log's signatures, and fail every audit (cosignature.py).
+    unambiguous_witnesses([CosignatureVerifier(w.vkey) for w in settings.witnesses], own)
     batched = settings.receipts == "batch"
     log = await ProvenanceLog.open(
         config_dir / settings.dir,

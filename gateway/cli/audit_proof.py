@@ -21,6 +21,7 @@ from gateway.provenance import verify_receipt
 from gateway.provenance.audit.proof import MAX_PROOF_BYTES, check_tlog_proof
 from gateway.provenance.audit.receipt import read_receipt
 from gateway.provenance.audit.shown import quoted, shown
+from gateway.small_files import read_file_head
 
 __all__ = ["add_proof"]
 
@@ -78,8 +79,8 @@ def add_proof(verbs: Any) -> None:
 
 
 def _read(path: str, limit: int) -> bytes:
-    with Path(path).open("rb") as file:
-        return file.read(limit + 1)  # one byte more, which the check refuses
+    # one byte more, which the check refuses; a FIFO is refused, not waited on
+    return read_file_head(Path(path), limit + 1)
 
 
 def _proof_verify(args: argparse.Namespace) -> int:

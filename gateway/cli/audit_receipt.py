@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from gateway.cli.audit_flags import (
@@ -21,11 +20,10 @@ from gateway.cli.audit_flags import (
 )
 from gateway.provenance import (
     LogDirectory,
-    commit,
     receipt_version,
-    verify_commitment,
     verify_receipt,
 )
+from gateway.provenance.audit.body_file import BodyFile, read_body_file
 from gateway.provenance.audit.pinned import check_pinned
 from gateway.provenance.audit.receipt import (
     check_countersignature_in_log,
@@ -38,7 +36,7 @@ from gateway.provenance.audit.receipt_keys import check_receipt_key
 from gateway.provenance.audit.shown import shown
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
-from gateway.provenance.formats.commitments import BodyKind
+from gateway.provenance.formats.commitments import BodyKind, commit_digest, verify_digest
 from gateway.provenance.formats.receipts import countersignature_of
 from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
@@ -157,16 +155,20 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             f"(counter {statement.counter})"
         )
         # The client's own bytes against what the backend signed, with the receipt's salts.
+        # Each file is hashed in chunks as it is read (body_file): never held whole.
         if args.request_body:
-            body = Path(args.request_body).read_bytes()
-            verify_commitment("request", statement.request_commitment, receipt.salts.request, body)
+            body = read_body_file(args.request_body)
+            digest = body.sha256(body.tail)
+            verify_digest("request", statement.request_commitment, receipt.salts.request, digest)
             print(f"ok: the backend countersigned this request body ({args.request_body})")
         if args.response_body:
-            body = Path(args.response_body).read_bytes()
+            body = read_body_file(args.response_body)
             # A countersigned answer is whole: the gateway wrote nothing after the
             # backend's bytes but its receipt line (no error event, no line end).
-            whole = countersigned_body(body)
-            if commit("response", receipt.salts.response, whole) != statement.response_commitment:
+            digest = body.sha256(countersigned_body(body.tail))
+            if commit_digest("response", receipt.salts.response, digest) != (
+                statement.response_commitment
+            ):
                 print(
                     "FAILED: the body and salt do not open this response commitment: "
                     f"{args.response_body} is not the response the backend countersigned "
@@ -304,7 +306,7 @@ def _open(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    body = Path(args.body).read_bytes()
+    body = read_body_file(args.body)  # hashed in chunks as it is read, never held whole
     salt_hex, commitment = args.salt, args.commitment
     form = args.form or "exact"
     if args.receipt is not None:
@@ -327,10 +329,12 @@ def _open(args: argparse.Namespace) -> int:
     salt = bytes.fromhex(salt_hex)
     commitment = commitment.strip().lower()
     kind: BodyKind = "request" if args.kind == "request" else "response"
-    candidates = _candidates(body, form)
-    opened = next((c for c in candidates if commit(kind, salt, c) == commitment), None)
+    candidates = _candidates(body.tail, form)
+    opened = next(
+        (c for c in candidates if commit_digest(kind, salt, body.sha256(c)) == commitment), None
+    )
     if opened is None:  # the first is the likeliest: name what it commits to
-        verify_commitment(kind, commitment, salt, candidates[0])  # raises
+        verify_digest(kind, commitment, salt, body.sha256(candidates[0]))  # raises
         raise AssertionError("a candidate that opens was missed")  # pragma: no cover
     print(
         f"ok: {shown(args.body)} with this salt opens the {args.kind} commitment "
@@ -351,18 +355,19 @@ def _candidates(received: bytes, form: str) -> tuple[bytes, ...]:
     return (received,)
 
 
-def _which_bytes(received: bytes, opened: bytes) -> str:
+def _which_bytes(body: BodyFile, opened: bytes) -> str:
     """Which bytes of the file the commitment is to, said plainly: all of them, or the
-    first N and what of the gateway's was taken off after them."""
-    if opened == received:
-        return f"all {len(received)} bytes of it"
-    tail = received[len(opened) :]
+    first N and what of the gateway's was taken off after them (`opened`: a prefix of
+    the file's tail)."""
+    if opened == body.tail:
+        return f"all {body.size} bytes of it"
+    tail = body.tail[len(opened) :]
     before = tail[: tail.rfind(b": owngate-receipt ")]
     event = before.find(b'data: {"error":')
     ends = len(before if event < 0 else before[:event])
     parts = [f"{ends} line end{'s' if ends > 1 else ''}"] if ends else []
     parts += ["its error event"] if event >= 0 else []
     return (
-        f"its first {len(opened)} of {len(received)} bytes (taken off after them, the "
+        f"its first {body.length(opened)} of {body.size} bytes (taken off after them, the "
         f"gateway's own: {', '.join([*parts, 'its receipt line'])})"
     )

@@ -12,7 +12,11 @@ from pydantic import Field, field_validator
 
 from gateway.config.base import _Strict
 from gateway.provenance.errors import KeyFormatError
-from gateway.provenance.formats.cosignature import CosignatureVerifier, distinct_witnesses
+from gateway.provenance.formats.cosignature import (
+    CosignatureVerifier,
+    distinct_witnesses,
+    unambiguous_witnesses,
+)
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.keys import unambiguous
 
@@ -159,5 +163,10 @@ class ProvenanceSettings(_Strict):
     def _distinct_witnesses(cls, value: tuple[WitnessSettings, ...]) -> tuple[WitnessSettings, ...]:
         # One key listed twice would be asked twice, racing itself, and shown as two
         # witnesses in the readiness detail and metrics.
-        distinct_witnesses([CosignatureVerifier(witness.vkey) for witness in value])
+        keys = [CosignatureVerifier(witness.vkey) for witness in value]
+        distinct_witnesses(keys)
+        try:  # two under one name and key id: each would check the other's lines
+            unambiguous_witnesses(keys)
+        except KeyFormatError as exc:
+            raise ValueError(str(exc)) from exc
         return value

@@ -14,6 +14,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.confined_reads import check_opened
 from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.note import Signer, Verifier, valid_key_name
 from gateway.small_files import read_small_file
@@ -87,6 +88,7 @@ def load_signer(path: str | os.PathLike[str]) -> Signer:
     # O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
     fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
+        check_opened(fd, target)  # an admin API candidate's: under its roots
         info = os.fstat(fd)  # of the file opened: no swap between check and read
         if not stat.S_ISREG(info.st_mode):
             raise KeyFormatError(f"{target} is not a regular file")

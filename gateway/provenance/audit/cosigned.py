@@ -20,6 +20,7 @@ from gateway.provenance.formats.cosignature import (
     CosignatureVerifier,
     distinct_witnesses,
     find_cosignature,
+    unambiguous_witnesses,
 )
 from gateway.provenance.formats.layout import MAX_HISTORY, list_cosigned, read_log_file
 from gateway.provenance.formats.note import Verifier, _parse_signature_line, _split_note
@@ -62,8 +63,11 @@ def check_witness_policy(
     witnesses: Sequence[CosignatureVerifier], verifiers: Sequence[Verifier], min_witnesses: int
 ) -> None:
     """Raise ValueError for a witness policy that would count wrong: two keys that are one
-    public key, a witness key of the log's own, or a quorum outside 1..len(witnesses).
-    `verify_log` and `check_tlog_proof` both apply it."""
+    public key, a witness key of the log's own, or a quorum outside 1..len(witnesses);
+    KeyFormatError for a witness key under the name and key id of a log key or of another
+    witness key (`unambiguous_witnesses`). `verify_log` and `check_tlog_proof` both apply
+    it, before anything is read."""
+    unambiguous_witnesses(witnesses, verifiers)
     distinct_witnesses(witnesses)
     witnesses_not_the_log(witnesses, verifiers)
     if witnesses and not 1 <= min_witnesses <= len(witnesses):

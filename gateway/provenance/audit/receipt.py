@@ -30,6 +30,7 @@ from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, Receipt
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
+from gateway.small_files import read_file_head
 
 __all__ = [
     "LoggedCommitment",
@@ -53,9 +54,9 @@ class ReceiptInclusion:
 
 def read_receipt(path: str | Path) -> bytes:
     """A receipt file (a client's), read no further than `verify_receipt` takes: one byte
-    past MAX_RECEIPT_BYTES, which it refuses unparsed."""
-    with Path(path).open("rb") as file:
-        return file.read(MAX_RECEIPT_BYTES + 1)
+    past MAX_RECEIPT_BYTES, which it refuses unparsed. A FIFO, device or directory is an
+    OSError ("not a regular file"): a FIFO waited for a writer for ever."""
+    return read_file_head(Path(path), MAX_RECEIPT_BYTES + 1)
 
 
 def check_receipt_in_log(

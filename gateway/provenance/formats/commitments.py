@@ -26,6 +26,7 @@ __all__ = [
     "commit",
     "commit_digest",
     "verify_commitment",
+    "verify_digest",
 ]
 
 SALT_SIZE = 32
@@ -71,7 +72,13 @@ def commit(kind: BodyKind, salt: bytes, body: bytes) -> str:
 
 def verify_commitment(kind: BodyKind, commitment: str, salt: bytes, body: bytes) -> None:
     """Raise CommitmentMismatchError unless `body` and `salt` open `commitment`."""
-    actual = commit(kind, salt, body)
+    verify_digest(kind, commitment, salt, hashlib.sha256(body).digest())
+
+
+def verify_digest(kind: BodyKind, commitment: str, salt: bytes, body_sha256: bytes) -> None:
+    """Raise CommitmentMismatchError unless the body of SHA-256 `body_sha256` and `salt`
+    open `commitment` (a body hashed incrementally: `audit.body_file`)."""
+    actual = commit_digest(kind, salt, body_sha256)
     if not hmac.compare_digest(actual, commitment.strip().lower()):
         raise CommitmentMismatchError(
             f"the body and salt do not open this {kind} commitment "

@@ -34,6 +34,7 @@ from gateway.provenance.formats.note import (
     MAX_SIGNATURES,
     NoteSignature,
     Signer,
+    Verifier,
     _parse_signature_line,
     _split_note,
     key_id,
@@ -51,6 +52,7 @@ __all__ = [
     "distinct_witnesses",
     "find_cosignature",
     "parse_cosignature_line",
+    "unambiguous_witnesses",
     "verify_cosignature",
 ]
 
@@ -206,6 +208,32 @@ def distinct_witnesses(witnesses: Sequence[CosignatureVerifier]) -> None:
             raise ValueError(
                 f"witness keys {first} and {witness} are the same public key: "
                 "one witness cannot count twice towards a quorum"
+            )
+
+
+def unambiguous_witnesses(
+    witnesses: Sequence[CosignatureVerifier], logs: Sequence[Verifier] = ()
+) -> None:
+    """Raise KeyFormatError when a witness key and a log key of `logs`, or two witness
+    keys, are different keys under one name and key id (naming both).
+
+    A signature line names its key by `name+hexid` alone (32 bits, which a key holder can
+    make collide; a cosignature's id hashes 0x04 where a log key's hashes 0x01, still 32
+    bits), and every line under a trusted key's name and id is checked with that key
+    (C2SP signed-note): the log key would check the twin witness's cosignatures (and
+    fail the genuine note), the witness the log's signature line, two twin witnesses each
+    other's lines. Refused before anything is read, as two log keys are (`keys.unambiguous`;
+    tests/unit/test_witness_key_id_collision.py).
+    """
+    seen: dict[tuple[str, int], str] = {(v.name, v.key_id): f"log key {v.vkey}" for v in logs}
+    for witness in witnesses:
+        named = f"witness key {witness.vkey}"
+        first = seen.setdefault((witness.name, witness.key_id), named)
+        if first != named:
+            raise KeyFormatError(
+                f"{first} and {named} are two keys under one name and key id {witness}: a "
+                "signature line names only those, so which key made it is ambiguous (each "
+                "would check the other's lines, and a genuine note fail); trust one of them"
             )
 
 

@@ -40,7 +40,7 @@ from gateway.provenance.formats.checkpoint import (
     SignedCheckpoint,
     open_checkpoint,
 )
-from gateway.provenance.formats.cosignature import MAX_TIMESTAMP, Cosigner
+from gateway.provenance.formats.cosignature import MAX_TIMESTAMP, Cosigner, unambiguous_witnesses
 from gateway.provenance.formats.merkle import EMPTY_ROOT, HASH_SIZE, verify_consistency
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.witness.state import TreeHead, WitnessState
@@ -185,6 +185,10 @@ class Witness:
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        logs = list(logs)
+        # Its cosignature lines under a log key's name and id would fail that log's note
+        # for every verifier that trusts the key (unambiguous_witnesses): refuse to start.
+        unambiguous_witnesses([cosigner.verifier()], logs)
         self.cosigner = cosigner
         self._logs: dict[str, list[Verifier]] = {}
         for verifier in logs:  # the key name is the log's origin (C2SP tlog-checkpoint)
@@ -203,7 +207,10 @@ class Witness:
         clock: Callable[[], float] = time.time,
         new: bool = False,
     ) -> Witness:
-        """Open the witness on its state file; `new` creates the file (it must not exist)."""
+        """Open the witness on its state file; `new` creates the file (it must not exist).
+        A key under a log key's name and id is refused before the state is opened."""
+        logs = list(logs)
+        unambiguous_witnesses([cosigner.verifier()], logs)
         return cls(cosigner, logs, WitnessState.open(state_path, new=new), clock=clock)
 
     @property

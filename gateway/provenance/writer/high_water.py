@@ -41,6 +41,7 @@ import os
 import stat
 from pathlib import Path
 
+from gateway.confined_reads import check_opened
 from gateway.provenance.errors import (
     HighWaterFullError,
     LogCorruptedError,
@@ -105,6 +106,10 @@ class HighWater:
         except OSError as exc:
             raise LogCorruptedError(f"cannot read {self.path}: {exc.strerror}") from exc
         try:
+            try:
+                check_opened(fd, self.path)  # an admin API candidate's: under its roots
+            except OSError as exc:
+                raise LogCorruptedError(f"cannot read {self.path}: {exc.strerror}") from exc
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise LogCorruptedError(f"{self.path} is not a regular file")
             data = os.read(fd, MAX_FILE + 1)

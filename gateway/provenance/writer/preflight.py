@@ -17,7 +17,7 @@ from pathlib import Path
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
-from gateway.provenance.formats.layout import list_history
+from gateway.provenance.formats.layout import list_history, read_log_file
 from gateway.provenance.keys import load_signer
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.recovery import note_text
@@ -71,7 +71,8 @@ def _high_water(high_water: HighWater, directory: Path, origin: str) -> list[str
     try:
         history = list_history(directory) if directory.is_dir() else []
         newest = history[-1][1] if history else None
-        signed = Checkpoint.parse(note_text(newest.read_bytes(), newest)) if newest else None
+        # bounded, never waiting on a FIFO, and under an admin candidate's roots
+        signed = Checkpoint.parse(note_text(read_log_file(newest), newest)) if newest else None
         high_water.check(directory, origin, signed)
     except ProvenanceError as exc:
         return [f"provenance.high_water_file: {exc}"]
@@ -94,8 +95,9 @@ def _directory(directory: Path, origin: str) -> list[str]:
         return [f"provenance.dir {directory} is not readable and writable"]
     try:
         history = list_history(directory)
-        latest = history[-1][1].read_text(encoding="utf-8").split("\n", 1)[0] if history else None
-    except (OSError, UnicodeDecodeError) as exc:
+        newest = read_log_file(history[-1][1]) if history else None  # as _high_water's
+        latest = newest.decode("utf-8").split("\n", 1)[0] if newest is not None else None
+    except (OSError, UnicodeDecodeError, ProvenanceError) as exc:
         return [f"provenance.dir {directory}: cannot read its checkpoints: {exc}"]
     if latest is not None and latest != origin:
         return [f"provenance.dir {directory} holds the log {latest!r}, not {origin!r}"]
