@@ -104,9 +104,10 @@ class MediaRefs:
                 # orjson kept the last copy, a first-wins reader or a Go type keeping both
                 # reads the parts. Searched, not parsed: a repeat writes the name more
                 # often than the messages keep it, or spells it with an escaped letter.
+                # (`count` and the regex take 4 and 3 ms for an 8 MiB body, orjson 27.)
                 if isinstance(messages, list) and (
                     body.count(_CONTENT) > sum(map(contains, messages, repeat("content")))
-                    or (body.find(b"\\u") >= 0 and _ESCAPED_LETTER.search(body) is not None)
+                    or _ESCAPED_LETTER.search(body) is not None
                 ):
                     refuse_repeated_content(body)
                 return None
