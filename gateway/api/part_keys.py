@@ -19,9 +19,12 @@ two keys Go folds together (`"url"` and `"URL"`); nor may a message repeat a key
 (`"content": [...], "content": "hi"`: a Go type that reads a string or parts into two
 fields may keep both). Each is a 400 `invalid_request` naming the object's place
 (`messages[0].content[1]`), not the key: the client's names are not echoed. A plain chat
-(every message a role and a string content) is not parsed again: the media check returns
-before it, so such a message alone is not looked at (docs/security.md says what that
-leaves).
+(every message a role and a string content, as orjson kept them) is not parsed again
+unless a search of its bytes finds `"content"` written more often than its messages keep
+it, or a letter escaped (`\\u0063`); then a message that writes `content` twice is
+refused (`refuse_repeated_content`): `"content": [parts], "content": "hi"` is `hi` to the
+gateway, the parts to a first-wins reader (Go's gjson) and both to a Go type whose
+`UnmarshalJSON` keeps a string and parts in two fields.
 
 The keys kept are read from a second parse that keeps every pair (`json.loads` with
 `object_pairs_hook=tuple`, called from C: no Python call per object), only for the
@@ -36,7 +39,7 @@ from typing import Any, Final
 from gateway.errors import ErrorCode, GatewayError
 from gateway.json_loads import at_most, no_collection
 
-__all__ = ["refuse_ambiguous_parts"]
+__all__ = ["refuse_ambiguous_parts", "refuse_repeated_content"]
 
 _Pairs = tuple[tuple[str, Any], ...]
 _PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
@@ -60,6 +63,22 @@ def refuse_ambiguous_parts(body: bytes) -> None:
                 wrong = _nested(item) if isinstance(item, tuple) else None
                 if wrong is not None:
                     raise _ambiguous(f"{name}[{k}]" if isinstance(value, list) else name, wrong)
+
+
+def refuse_repeated_content(body: bytes) -> None:
+    """Raise 400 `invalid_request` for the first message of a plain chat `body` (each
+    message a role and a string content, as orjson kept them) that writes `content` more
+    than once: `"content": [parts], "content": "hi"` is `hi` to the gateway, the parts to a
+    first-wins reader (Go's gjson) and both to a Go type whose `UnmarshalJSON` keeps a
+    string and parts in two fields. Called only when a search of the body found a name
+    written more often than kept, or escaped (gateway/api/private_media.py)."""
+    with no_collection(at_most(body)):
+        top: _Pairs = json.loads(body, object_pairs_hook=tuple)
+    for name, value in top:
+        if name == "messages" and value.__class__ is list:
+            for i, message in enumerate(value):
+                if message.__class__ is tuple and [k for k, _ in message].count("content") > 1:
+                    raise _ambiguous(f"messages[{i}]", _TWICE)
 
 
 def _message(i: int, message: _Pairs) -> None:

@@ -32,17 +32,21 @@ it again when it fetches, and the answer may change in between (DNS rebinding). 
 backend's own settings close that (docs/security.md: vLLM's `--allowed-media-domains`
 and `VLLM_MEDIA_URL_ALLOW_REDIRECTS=0`, an egress firewall). Text parts are not read: a
 URL in prose is text. A body with no array content and no llama.cpp prompt object (every
-plain chat) is not walked. One that is walked may not hold a key twice, or in two cases,
-where a media reference stands (gateway/api/part_keys.py): a server in Go would read a
-copy the walk did not.
+plain chat) is not walked: it is only searched for a message that writes `content` twice
+(an earlier copy of parts behind the string orjson kept). One that is walked may not
+hold a key twice, or in two cases, where a media reference stands
+(gateway/api/part_keys.py): a server in Go would read a copy the walk did not.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
+from itertools import repeat
+from operator import contains
 from typing import Any, Final
 
-from gateway.api.part_keys import refuse_ambiguous_parts
+from gateway.api.part_keys import refuse_ambiguous_parts, refuse_repeated_content
 from gateway.config.media import MediaUrlSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.media_hosts import BadURL, is_local_name, is_public_address, remote_host
@@ -58,6 +62,9 @@ _PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects
 _PROMPT_TEXT: Final = "prompt_string"
 _NEEDLES: Final = (b"multimodal_data", b"\\u")
 _PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
+_CONTENT: Final = b'"content"'
+# An escaped ASCII letter (`\u0063`): no encoder writes one, a name spelled to hide may.
+_ESCAPED_LETTER: Final = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
 _PUBLIC: Final = (
     "a `data:` URL or an http(s) URL to a public host: the private backend fetches it from "
     "inside the network"
@@ -93,6 +100,16 @@ class MediaRefs:
                 ):
                     break
             else:
+                # A plain message may hide an earlier `content` (parts) behind its string:
+                # orjson kept the last copy, a first-wins reader or a Go type keeping both
+                # reads the parts. Searched, not parsed: a repeat writes the name more
+                # often than the messages keep it, or spells it with an escaped letter.
+                # (`count` and the regex take 4 and 3 ms for an 8 MiB body, orjson 27.)
+                if isinstance(messages, list) and (
+                    body.count(_CONTENT) > sum(map(contains, messages, repeat("content")))
+                    or _ESCAPED_LETTER.search(body) is not None
+                ):
+                    refuse_repeated_content(body)
                 return None
         refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []

@@ -429,3 +429,39 @@ def test_a_media_part_with_a_key_read_twice_never_reaches_a_private_backend(
     # Refused with the body's other faults, before its log entry began: no dispatch.
     found = logged(tmp_path, response.headers["x-request-id"], served.headers["x-request-id"])
     assert found == [], found
+
+
+# A chat that is plain to orjson (each message a role and a string content, the last copy)
+# whose message wrote parts first: a first-wins reader (Go's gjson) reads the parts, and a
+# Go type that keeps a string and parts in two fields both (gateway/api/part_keys.py).
+_PARTS = b'[{"type": "image_url", "image_url": {"url": "%s"}}]' % _PRIVATE.encode()
+HIDDEN_CONTENT: dict[str, bytes] = {
+    "parts, then a string": b'"content": %s, "content": "hi"' % _PARTS,
+    "the first copy escaped": b'"c\\u006fntent": %s, "content": "hi"' % _PARTS,
+}
+
+
+@pytest.mark.parametrize("case", HIDDEN_CONTENT)
+def test_a_plain_message_hiding_earlier_parts_never_reaches_a_private_backend(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    gateway, raw = start(start_raw, start_gateway, tmp_path)
+    body = (
+        b'{"model": "m", "messages": [{"role": "system", "content": "be brief"}, '
+        b'{"role": "user", ' + HIDDEN_CONTENT[case] + b"}]}"
+    )
+    headers = {**gateway.headers, "content-type": "application/json"}
+    url = f"{gateway.url}/v1/chat/completions"
+    response = httpx.post(url, content=body, headers=headers, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "messages[1]")
+    assert "10.0.0.5" not in error["message"]
+    served = post(gateway, "/v1/chat/completions", chat(image(PUBLIC)))
+    assert served.status_code == 200, served.text
+    assert len(raw.posts) == 1  # the served one only
+    found = logged(tmp_path, response.headers["x-request-id"], served.headers["x-request-id"])
+    assert found == [], found

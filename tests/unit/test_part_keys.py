@@ -172,10 +172,81 @@ def test_distinct_keys_pass(body: bytes) -> None:
     assert refs is None or refs.refusal(MediaUrlSettings()) is None
 
 
-def test_a_plain_chat_is_not_parsed_again() -> None:
-    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi", "content": "ho"}]}'
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "messages": [{"role": "system", "content": "be brief"}, '
+        b'{"role": "user", "content": "caf\\u00e9 \\u4e2d"}, {"role": "assistant"}]}',
+        b'{"model": "m", "messages": []}',
+    ],
+)
+def test_a_plain_chat_is_not_parsed_again(body: bytes) -> None:
     calls = python_calls(lambda: MediaRefs.of(orjson.loads(body), body), by_name)
     assert calls == ["of"]
+
+
+def plain(*messages: str, extra: str = "") -> bytes:
+    """A chat body of `messages` (JSON texts, written as given), each plain to orjson."""
+    return f'{{"model": "m", {extra}"messages": [{", ".join(messages)}]}}'.encode()
+
+
+_PARTS = f'[{{"type": "image_url", "image_url": {{"url": "{PRIVATE}"}}}}]'
+# A plain chat to orjson (the last copy a string) whose message wrote its content before:
+# parts to a first-wins reader (Go's gjson), both to a Go type that keeps a string and
+# parts in two fields.
+HIDDEN_CONTENT: dict[str, tuple[bytes, str]] = {
+    "parts, then a string": (
+        plain(f'{{"role": "user", "content": {_PARTS}, "content": "hi"}}'),
+        "messages[0]",
+    ),
+    "the first copy escaped": (
+        plain(f'{{"role": "user", "c\\u006fntent": {_PARTS}, "content": "hi"}}'),
+        "messages[0]",
+    ),
+    "the last copy escaped": (
+        plain(f'{{"role": "user", "content": {_PARTS}, "\\u0063ontent": "hi"}}'),
+        "messages[0]",
+    ),
+    "in the second message, the first without content": (
+        plain('{"role": "user"}', f'{{"content": {_PARTS}, "role": "user", "content": "hi"}}'),
+        "messages[1]",
+    ),
+    "beside a schema naming content": (
+        plain(
+            f'{{"role": "user", "content": {_PARTS}, "content": "hi"}}',
+            extra='"response_format": {"type": "json_schema", "json_schema": {"name": "a", '
+            '"schema": {"properties": {"content": {"type": "string"}}}}}, ',
+        ),
+        "messages[0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", HIDDEN_CONTENT)
+def test_a_plain_message_hiding_earlier_content_is_refused(case: str) -> None:
+    body, where = HIDDEN_CONTENT[case]
+    error = refused(body)
+    assert (error.code.value, error.param) == ("invalid_request", where), error.message
+    assert "10.0.0.5" not in error.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # `"content"` written more often than kept, none of it a repeat.
+        plain('{"role": "user", "content": "content"}'),
+        plain(
+            '{"role": "user", "content": "hi"}',
+            extra='"tools": [{"type": "function", "function": {"name": "f", "parameters": '
+            '{"properties": {"content": {}, "Content": {}, "Name": {}, "name": {}}}}}], ',
+        ),
+        # An escaped letter elsewhere, and a role written twice (no media place).
+        plain('{"role": "user", "content": "\\u0041 is A"}'),
+        plain('{"role": "user", "role": "user", "content": "hi"}', extra='"user": "\\u0061", '),
+    ],
+)
+def test_a_plain_chat_that_only_looks_repeated_passes(body: bytes) -> None:
+    assert MediaRefs.of(orjson.loads(body), body) is None
 
 
 def test_a_repeat_outside_media_places_is_not_read() -> None:

@@ -272,19 +272,27 @@ def test_text_parts_and_data_urls_are_not_parsed(monkeypatch: pytest.MonkeyPatch
     assert parsed == []
 
 
-def test_a_chat_body_s_bytes_are_not_searched() -> None:
-    class Searched(bytes):
-        searches = 0
+def test_a_chat_body_s_bytes_are_searched_only_for_a_hidden_content() -> None:
+    # Not for llama.cpp's prompt objects; once for `"content"` (and by a regex for an
+    # escaped letter: a message's earlier `content` copy, tests/unit/test_part_keys.py).
+    searches: list[tuple[str, bytes]] = []
 
-        def find(self, *args: Any) -> int:
-            Searched.searches += 1
-            return super().find(*args)
+    class Searched(bytes):
+        def find(self, sub: Any, *args: Any) -> int:
+            searches.append(("find", sub))
+            return super().find(sub, *args)
+
+        def count(self, sub: Any, *args: Any) -> int:
+            searches.append(("count", sub))
+            return super().count(sub, *args)
 
     doc = {"model": "m", "messages": [{"role": "user", "content": "word " * 20_000}]}
     assert MediaRefs.of(doc, Searched(orjson.dumps(doc))) is None
+    assert searches == [("count", b'"content"')]
+    searches.clear()
     doc = {"model": "m", "prompt": "word " * 20_000}
     assert MediaRefs.of(doc, Searched(orjson.dumps(doc))) is None
-    assert Searched.searches == 0
+    assert searches == []
 
 
 @pytest.mark.parametrize(
