@@ -183,3 +183,15 @@ def test_a_receipt_or_proof_that_is_no_regular_file_is_refused(
     done = _owngate("audit", *argv, "--key", LOG.vkey)
     assert done.returncode == 2, done.stderr
     assert "not a regular file" in done.stderr and f"body-{shape}" in done.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="no /proc")
+def test_a_body_that_says_a_size_it_does_not_have_is_no_empty_body() -> None:
+    # /proc's files say 0 bytes and hold more. Before, this one opened the commitment to
+    # an empty request: "ok: ... all 0 bytes of it", of a file that held hundreds.
+    empty = commit("request", SALTS.request, b"")
+    argv = ("audit", "open", "/proc/self/status", "--kind", "request")
+    done = _owngate(*argv, "--salt", SALTS.request.hex(), "--commitment", empty)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "changed while it was read" in done.stderr and "/proc/self/status" in done.stderr
+    assert "ok:" not in done.stdout

@@ -5,10 +5,13 @@ commitment may be to are those of the file read whole, whatever the tail kept.""
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from gateway.provenance.audit import body_file
 from gateway.provenance.audit.body_file import read_body_file
 from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
 
@@ -60,3 +63,85 @@ def test_the_file_is_read_no_further_than_its_size_when_opened(tmp_path: Path) -
     assert body.sha256(b"aa") == hashlib.sha256(b"a" * 8).digest()
     with pytest.raises(ValueError, match="not a prefix"):
         body.sha256(b"b")
+
+
+def _changing_reads(
+    monkeypatch: pytest.MonkeyPatch, change: Callable[[], None]
+) -> Callable[[int, list[memoryview]], int]:
+    """`os.readv` as `body_file` calls it, `change` run once after its first read: a file
+    changed by another process while it is hashed, at a point no timing decides."""
+    real = os.readv
+    reads: list[int] = []
+
+    def readv(fd: int, buffers: list[memoryview]) -> int:
+        got = real(fd, buffers)
+        reads.append(got)
+        if len(reads) == 1:
+            change()
+        return got
+
+    monkeypatch.setattr(body_file.os, "readv", readv)
+    return readv
+
+
+def test_a_file_that_shrinks_while_it_is_hashed_gives_no_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the first MiB read alone was "the body", a wrong digest with no word of it.
+    path = tmp_path / "body"
+    path.write_bytes(b"a" * (3 << 20))
+    _changing_reads(monkeypatch, lambda: os.truncate(path, 1 << 20))
+    with pytest.raises(OSError, match="changed while it was read"):
+        read_body_file(path)
+
+
+def test_a_file_that_grows_while_it_is_hashed_gives_no_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "body"
+    path.write_bytes(b"a" * (2 << 20))
+
+    def append() -> None:
+        with path.open("ab") as file:
+            file.write(b"data: more\n\n")
+
+    _changing_reads(monkeypatch, append)
+    with pytest.raises(OSError, match="changed while it was read"):
+        read_body_file(path)
+
+
+def test_a_file_rewritten_in_place_while_it_is_hashed_gives_no_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "body"
+    path.write_bytes(b"a" * (2 << 20))
+    before = path.stat()
+
+    def rewrite() -> None:
+        with path.open("r+b") as file:
+            file.write(b"b" * (2 << 20))  # the same size
+        # a clock tick apart from the open, whatever the filesystem's time granularity
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))
+
+    _changing_reads(monkeypatch, rewrite)
+    with pytest.raises(OSError, match="changed while it was read"):
+        read_body_file(path)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="no /proc")
+def test_a_file_that_says_a_size_it_does_not_have_gives_no_verdict() -> None:
+    # /proc's files say 0 bytes and hold more: before, one opened as an empty body.
+    assert Path("/proc/self/status").stat().st_size == 0
+    with pytest.raises(OSError, match="changed while it was read"):
+        read_body_file("/proc/self/status")
+
+
+def test_a_file_left_alone_while_it_is_hashed_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "body"
+    path.write_bytes(b"a" * (2 << 20) + RECEIPT)
+    _changing_reads(monkeypatch, lambda: None)
+    body = read_body_file(path)
+    assert body.size == (2 << 20) + len(RECEIPT)
+    assert body.sha256(body.tail) == hashlib.sha256(path.read_bytes()).digest()

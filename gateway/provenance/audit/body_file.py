@@ -6,7 +6,11 @@ body of any size opens with a running SHA-256 of its bytes. Before, the file was
 whole: a body of many gigabytes (or `/dev/zero`) exhausted memory and a FIFO waited for a
 writer for ever. Now the file must be a regular file (a FIFO, device, directory or socket
 is an `OSError` saying "not a regular file", as `--key` or `--checkpoint` are), and only
-the bytes it held when opened are read, so a file still growing ends too.
+the bytes it held when opened are read, so a file still growing ends too. A file whose
+bytes are not the size it said when opened (it shrank or grew while read, was rewritten
+in place, or says a size it does not have: `/proc`'s files say 0) is an `OSError`
+("changed while it was read"): before, the verdict was on the bytes that happened to be
+read, a prefix or a mix, and a `/proc` file opened as an empty body.
 
 What the gateway writes after a stream's bytes (its receipt line, an error event, line
 ends: `formats.stream_body`) is looked for in the file's last `TAIL_BYTES`, from the
@@ -18,6 +22,7 @@ candidates, never gain bytes that are not a prefix of what it holds.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from dataclasses import dataclass
@@ -59,8 +64,8 @@ class BodyFile:
 
 def read_body_file(path: str | Path, tail_bytes: int = TAIL_BYTES) -> BodyFile:
     """The body file at `path`, hashed in chunks of at most 1 MiB, its last `tail_bytes`
-    (from just before a line break in them) kept; OSError when it cannot be opened or
-    is not a regular file."""
+    (from just before a line break in them) kept; OSError when it cannot be opened, is
+    not a regular file, or changed while it was read (its bytes not the size it said)."""
     fd, status = open_regular_file(Path(path))
     head = hashlib.sha256()
     buffer = memoryview(bytearray(_CHUNK))  # one buffer for every read: no page faults
@@ -70,7 +75,7 @@ def read_body_file(path: str | Path, tail_bytes: int = TAIL_BYTES) -> BodyFile:
         while left > 0:  # bounded: each read returns at least one byte or ends it
             got = os.readv(fd, [buffer[: min(_CHUNK, left)]])
             if not got:
-                break  # it shrank
+                raise _changed(path, "shrank")
             chunk = buffer[:got]
             left -= got
             if left >= tail_bytes:
@@ -81,6 +86,10 @@ def read_body_file(path: str | Path, tail_bytes: int = TAIL_BYTES) -> BodyFile:
             head.update(chunk[:keep])
             hashed += keep
             parts.append(bytes(chunk[keep:]))
+        if os.read(fd, 1):  # more than it said it held: it grew, or its size is no size
+            raise _changed(path, "grew")
+        if _version(os.fstat(fd)) != _version(status):  # rewritten in place meanwhile
+            raise _changed(path, "was written")
     finally:
         os.close(fd)
     tail = b"".join(parts)
@@ -93,3 +102,17 @@ def read_body_file(path: str | Path, tail_bytes: int = TAIL_BYTES) -> BodyFile:
             head.update(tail[:start])
             hashed, tail = hashed + start, tail[start:]
     return BodyFile(hashed + len(tail), head, tail)
+
+
+def _version(status: os.stat_result) -> tuple[int, int, int]:
+    """What changes when a file's bytes do: its size, modification and change times."""
+    return status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def _changed(path: str | Path, how: str) -> OSError:
+    return OSError(
+        errno.EIO,
+        f"changed while it was read ({how}; or its size is not what it says): "
+        "no verdict on part of it",
+        str(path),
+    )
