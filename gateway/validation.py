@@ -65,6 +65,7 @@ def validate(
             [w.vkey for w in log.witnesses],
             directory=config_dir / log.dir if secrets and workers == 1 else None,
             high_water=log.high_water_path(config_dir),
+            retired_keys=log.retired_verifier_keys,
         )
         for index in range(1, workers + 1) if workers > 1 else ():
             own = log.for_worker(index, config_dir)  # as each worker opens its own log

@@ -103,3 +103,26 @@ def test_a_retired_key_that_twins_the_signing_key_is_refused_at_the_logs_open(
     with pytest.raises(KeyFormatError, match=r"gpu\+63b2a5ae.*ambiguous"):
         asyncio.run(open_log(settings, tmp_path, new_origin=False, events=get_logger("test")))
     assert not (tmp_path / "log").exists()  # refused before the log was opened
+
+
+def test_config_validate_names_a_retired_key_that_twins_the_signing_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "ok", and `serve` of the same config refused at the log's open (exit 3).
+    seed = hashlib.sha256(b"owngate-test-collision/58093").digest()  # LOGS_KEY's
+    (tmp_path / "log.key").write_text(LOGS_KEY.skey(seed) + "\n")
+    (tmp_path / "log.key").chmod(0o600)
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "backends:\n"
+        "  - {id: gpu, kind: vllm, base_url: 'http://127.0.0.1:9', models: [{name: m}],\n"
+        "     region: eu-west-1, owner: me,\n"
+        "     retention: {days: 0, zero_data_retention: true, evidence: own}}\n"
+        "tenants: [{id: acme, models: ['*']}]\n"
+        "provenance: {dir: log, origin: gpu, signing_key_file: log.key,\n"
+        f"             retired_verifier_keys: ['{TWIN.vkey}']}}\n"
+    )
+    assert main(["config", "validate", str(config)]) == 1
+    out = capsys.readouterr()
+    assert "ambiguous" in out.out + out.err
+    assert LOGS_KEY.vkey in out.out + out.err and TWIN.vkey in out.out + out.err

@@ -189,3 +189,35 @@ def test_witness_serve_refuses_to_start_naming_both(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr
     assert "ambiguous" in done.stderr and LOGS_KEY.vkey in done.stderr
     assert TWIN.vkey in done.stderr
+
+
+def _config(directory: Path, key: Signer, seed: bytes, provenance: str) -> Path:
+    """A gateway.yaml in `directory` whose log is signed by `key`, with `provenance`
+    (YAML lines of its `provenance:` mapping) added."""
+    (directory / "log.key").write_text(key.skey(seed) + "\n")
+    (directory / "log.key").chmod(0o600)
+    path = directory / "gateway.yaml"
+    path.write_text(
+        "backends:\n"
+        "  - {id: gpu, kind: vllm, base_url: 'http://127.0.0.1:9', models: [{name: m}],\n"
+        "     region: eu-west-1, owner: me,\n"
+        "     retention: {days: 0, zero_data_retention: true, evidence: own}}\n"
+        "tenants: [{id: acme, models: ['*']}]\n"
+        "provenance:\n  dir: log\n  origin: gpu\n  signing_key_file: log.key\n" + provenance
+    )
+    return path
+
+
+def test_config_validate_names_a_witness_that_twins_the_signing_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: "ok", and `serve` of the same config refused at the log's open (exit 3);
+    # so did the admin API's config/validate (the same `validate`).
+    witness = f"  witnesses: [{{url: 'http://127.0.0.1:9/w', vkey: '{TWIN.vkey}'}}]\n"
+    config = _config(tmp_path, LOGS_KEY, _seed(58525), witness)
+    assert main(["config", "validate", str(config)]) == 1
+    out = capsys.readouterr()
+    assert "ambiguous" in out.out + out.err
+    assert LOGS_KEY.vkey in out.out + out.err and TWIN.vkey in out.out + out.err
+    honest = f"  witnesses: [{{url: 'http://127.0.0.1:9/w', vkey: '{HONEST.vkey}'}}]\n"
+    assert main(["config", "validate", str(_config(tmp_path, LOGS_KEY, _seed(58525), honest))]) == 0

@@ -1,7 +1,9 @@
 """What can be known about a provenance log before the gateway opens it for writing.
 
 `owngate config validate` runs this instead of opening the log: the origin line is
-valid, each signing key file is private and loads, each witness key parses, and the log
+valid, each signing key file is private and loads, each witness key parses, no two of the
+log's keys (signing, previous, retired) nor a witness key and one of them are two keys
+under one name and key id (as the log's open refuses them), and the log
 directory is a writable directory (or can be created) holding no other log, nor less than
 the high-water file records (`HighWater.check`: an emptied or older directory that the
 gateway would refuse to fork). Nothing is created, locked or written; a log that another
@@ -16,9 +18,10 @@ from pathlib import Path
 
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.checkpoint import Checkpoint
-from gateway.provenance.formats.cosignature import CosignatureVerifier
+from gateway.provenance.formats.cosignature import CosignatureVerifier, unambiguous_witnesses
 from gateway.provenance.formats.layout import list_history, read_log_file
-from gateway.provenance.keys import load_signer
+from gateway.provenance.formats.note import Verifier
+from gateway.provenance.keys import load_signer, unambiguous
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.recovery import note_text
 
@@ -32,28 +35,37 @@ def preflight(
     *,
     directory: Path | None,
     high_water: Path | None = None,
+    retired_keys: Sequence[str] = (),
 ) -> list[str]:
     """Every problem that would stop `directory` opening as the log `origin`, signed by
-    the keys in `key_files` and cosigned by `witness_keys`, with its newest checkpoint
-    kept in `high_water`; empty when none is found. `directory=None` leaves the directory
-    and the high-water file unchecked (they are on another machine)."""
+    the keys in `key_files` (`retired_keys` retired), cosigned by `witness_keys`, with its
+    newest checkpoint kept in `high_water`; empty when none is found. `directory=None`
+    leaves the directory and the high-water file unchecked (they are on another machine)."""
     problems: list[str] = []
     try:
         Checkpoint(origin, 0, bytes(32))
     except ProvenanceError as exc:
         problems.append(f"provenance.origin: {exc}")
+    own: list[Verifier] = []  # the log's keys, as `open_log` gathers them
     for key_file in key_files:
         try:
-            load_signer(key_file)
+            own.append(load_signer(key_file).verifier())
         except OSError as exc:
             problems.append(f"signing key {key_file}: cannot read: {exc.strerror}")
         except ProvenanceError as exc:  # names the file itself
             problems.append(f"signing key {exc}")
+    own += [Verifier(vkey) for vkey in retired_keys]  # parsed at config load
+    witnesses: list[CosignatureVerifier] = []
     for vkey in witness_keys:
         try:
-            CosignatureVerifier(vkey)
+            witnesses.append(CosignatureVerifier(vkey))
         except ProvenanceError as exc:
             problems.append(f"witness key {vkey!r}: {exc}")
+    try:  # what `open_log` refuses before it opens the log (exit 3 of `serve`)
+        unambiguous(own)
+        unambiguous_witnesses(witnesses, own)
+    except ProvenanceError as exc:
+        problems.append(f"provenance: {exc}")
     if directory is not None:
         try:
             found = _directory(directory, origin)
