@@ -8,7 +8,9 @@ gateway's readers open (`small_files.open_regular_file`, a signing key, the high
 file) is checked once it is open: the path the open descriptor refers to
 (`/proc/self/fd/N`, every link already followed by the kernel) must lie under a root, else
 the read is an OSError saying so and nothing of the file is read. The check is of the
-descriptor the bytes are then read from, so no later swap changes what is read.
+descriptor the bytes are then read from, so no later swap changes what is read. A hard
+link under a root is under it (the kernel names the file by the path it was opened by;
+docs/security.md says what `fs.protected_hardlinks` leaves of that).
 
 The roots live in a `ContextVar`: one validation's, in the thread that runs it, never
 another request's; outside `confined` (serving, the CLI) nothing is checked.
@@ -22,12 +24,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["OUTSIDE", "check_opened", "confined", "within"]
+__all__ = ["OUTSIDE", "UNKNOWN", "check_opened", "confined", "within"]
 
 # The roots of the validation running in this context; None outside one (checks nothing).
 _ROOTS: ContextVar[tuple[str, ...] | None] = ContextVar("confined_read_roots", default=None)
 
 OUTSIDE = "outside the files this gateway reads (a link swapped in after the check?)"
+# Where the kernel cannot say which file a descriptor is (no /proc mounted): nothing is
+# read on trust, and the answer says why, not that a link was swapped in.
+UNKNOWN = "not read: which file was opened cannot be told without /proc/self/fd"
 
 
 @contextmanager
@@ -51,7 +56,7 @@ def check_opened(fd: int, path: object) -> None:
     try:
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
-        opened = ""  # unknown: refused, never read on trust
+        raise OSError(errno.EACCES, UNKNOWN, str(path)) from None  # never read on trust
     if not opened.startswith(os.sep) or not any(within(opened, root) for root in roots):
         raise OSError(errno.EACCES, OUTSIDE, str(path))
 

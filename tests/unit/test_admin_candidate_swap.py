@@ -22,7 +22,8 @@ from gateway.admin.control import AdminControl
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
 from gateway.config.loader import ConfigIssue
-from gateway.provenance.keys import write_signing_key
+from gateway.provenance.keys import load_signer, write_signing_key
+from gateway.small_files import read_small_file
 from tests.helpers.gateways import backend
 from tests.helpers.reload_files import versioned_policy
 
@@ -32,6 +33,7 @@ BASE: dict[str, object] = {
     "tenants": [{"id": "acme", "models": ["*"]}],
 }
 SWAPPED = "outside the files this gateway reads (a link swapped in after the check?)"
+UNKNOWN = "which file was opened cannot be told without /proc/self/fd"
 LOG = {"dir": "log", "origin": "example.com/log", "signing_key_file": "log.key"}
 
 
@@ -143,3 +145,42 @@ def test_a_link_to_a_file_the_running_config_reads_is_still_read(
     problems = _validate(config_dir, {**BASE, "policy": {"paths": ["p.yaml"]}})
     assert any("nope-4" in problem for problem in problems), problems
     assert not any(SWAPPED in problem for problem in problems), problems
+
+
+def _without_proc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`/proc/self/fd/N` unreadable, as where no /proc is mounted (other links resolve)."""
+    real = os.readlink
+
+    def readlink(path: str, *args: object, **kwargs: object) -> str:
+        if str(path).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "readlink", readlink)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_without_proc_a_candidates_files_are_refused_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    # Before: refused as "outside the files this gateway reads (a link swapped in after
+    # the check?)", of a file inside them that nobody swapped.
+    host, config_dir = _dirs(tmp_path)
+    candidate, _swaps = _cases(host, config_dir)[case]
+    _without_proc(monkeypatch)
+    problems = _validate(config_dir, candidate)
+    assert any(UNKNOWN in problem for problem in problems), problems
+    assert not any(SWAPPED in problem for problem in problems), problems
+
+
+def test_without_proc_the_gateway_reads_its_own_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a validation's reads are confined: outside one (serving, the CLI) nothing is
+    checked, so a start or reload reads its files without /proc."""
+    _host, config_dir = _dirs(tmp_path)
+    key = _key(config_dir / "log.key", "example.com/log")
+    (config_dir / "p.yaml").write_text(versioned_policy("1", "eu"))
+    _without_proc(monkeypatch)
+    assert load_signer(key).name == "example.com/log"
+    assert read_small_file(config_dir / "p.yaml", 1 << 20).startswith(b"apiVersion")
