@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from gateway.provenance.audit import body_file
 from gateway.provenance.audit.body_file import read_body_file
 from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
 
@@ -80,7 +79,7 @@ def _changing_reads(
             change()
         return got
 
-    monkeypatch.setattr(body_file.os, "readv", readv)
+    monkeypatch.setattr(os, "readv", readv)
     return readv
 
 
