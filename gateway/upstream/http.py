@@ -263,6 +263,8 @@ class HttpPool:
         while idle:
             conn = idle.pop()
             self._sockets.taken(conn)
+            if conn.lapsed():  # its certificate expired while it was kept alive
+                conn.close()
             if not conn.closed:
                 conn.reused = True
                 return conn
