@@ -50,9 +50,11 @@ def _signed(
     ca: bool = False,
     sans: list[x509.GeneralName] | None = None,
     subject_key: ec.EllipticCurvePrivateKey | None = None,
+    hours: float = 24,
+    usage: x509.ObjectIdentifier = ExtendedKeyUsageOID.SERVER_AUTH,
 ) -> Issued:
-    """A certificate for `name` (its subject CN) signed by `issuer`: a CA's, or a server's
-    with exactly `sans` (none: no SAN extension)."""
+    """A certificate for `name` (its subject CN) signed by `issuer`, valid `hours`: a CA's,
+    or one with exactly `sans` (none: no SAN extension) for `usage`."""
     key = subject_key or ec.generate_private_key(ec.SECP256R1())
     issuer_key = serialization.load_pem_private_key(issuer.key_pem, password=None)
     assert isinstance(issuer_key, ec.EllipticCurvePrivateKey)
@@ -65,13 +67,12 @@ def _signed(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - timedelta(minutes=5))
-        .not_valid_after(now + timedelta(days=1))
+        .not_valid_after(now + timedelta(hours=hours))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
     )
     if not ca:
-        usage = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
-        builder = builder.add_extension(usage, critical=False)
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(issuer_key, hashes.SHA256())
@@ -229,3 +230,44 @@ def test_a_kept_alive_connection_is_not_reused_once_its_certificate_expired(
             await _closed(sockets)
 
     asyncio.run(run())
+
+
+def test_a_certificate_for_client_authentication_alone_names_no_backend(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # Holds (OpenSSL checks the server purpose): a certificate the CA issued to a client,
+    # with the backend's name and facts, as `owngate backend cert issue --client` or a
+    # template that copies any SAN asked for could, is no server's.
+    ip = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    client = _signed(pki.ca, "gpu", sans=[ip, *_facts()], usage=ExtendedKeyUsageOID.CLIENT_AUTH)
+    front = _front(start_front, pki, client)
+    settings = _settings(front.url, pki.directory / "ca.pem", identity="certificate", **FACTS_YAML)
+    refused = _connect(front.url, backend_tls(settings, "127.0.0.1", tmp_path))
+    assert refused == "tls: certificate verify failed: unsuitable certificate purpose"
+
+
+def test_a_connection_lapses_with_the_first_certificate_of_its_chain_to_expire(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # An issuing CA that expires before the certificates it issued: their connections
+    # lapse with it (OpenSSL would refuse the chain on a new handshake from then on).
+    root = _root("org root")
+    (tmp_path / "root.pem").write_bytes(root.cert_pem)
+    issuing = _signed(root, "backends CA", ca=True, hours=2)
+    ip = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+    leaf = _signed(issuing, "gpu", sans=[ip])
+    front = _front(start_front, pki, leaf, issuing.cert_pem)
+    tls = backend_tls(_settings(front.url, tmp_path / "root.pem"), "127.0.0.1", tmp_path)
+
+    async def run() -> float:
+        pool = _pool(front.url, tls)
+        connection = await pool.connect()
+        sockets = [_socket(connection)]
+        connection.release()
+        await pool.close()
+        await _closed(sockets)
+        assert connection.peer is not None and connection.peer.spki_sha256 == leaf.pin
+        return connection.peer.until
+
+    assert asyncio.run(run()) == issuing.certificate.not_valid_after_utc.timestamp()
+    assert issuing.certificate.not_valid_after_utc < leaf.certificate.not_valid_after_utc
