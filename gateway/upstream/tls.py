@@ -216,7 +216,7 @@ def _valid_until(ssl_object: ssl.SSLObject, leaf: x509.Certificate) -> float:
     chain = getattr(ssl_object, "get_verified_chain", None)  # public from Python 3.13
     if chain is None:  # Python 3.10 to 3.12: the same method, on the C object only
         chain = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
-    for cert in [] if chain is None else chain()[1:]:
+    for cert in ([] if chain is None else chain() or [])[1:]:  # None: nothing verified
         if isinstance(cert, bytes):  # DER, as 3.13's public method gives it
             expires = x509.load_der_x509_certificate(cert).not_valid_after_utc.timestamp()
         else:  # `_ssl.Certificate`: `notAfter` as `getpeercert()` writes it
