@@ -271,3 +271,36 @@ def test_a_connection_lapses_with_the_first_certificate_of_its_chain_to_expire(
 
     assert asyncio.run(run()) == issuing.certificate.not_valid_after_utc.timestamp()
     assert issuing.certificate.not_valid_after_utc < leaf.certificate.not_valid_after_utc
+
+
+def test_a_leased_connection_whose_certificate_expired_meanwhile_carries_no_request(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # Leased for its dispatch record, then the certificate expired while the record was
+    # made durable (a slow disk): the request goes on a new connection, which must show
+    # the same key (as a stale leased connection's retry does), never on the lapsed one.
+    first = pki.server()
+    front = start_front(server_context(pki, first))
+    wall = [datetime.now(UTC).timestamp()]
+    settings = _settings(front.url, pki.directory / "ca.pem")
+    tls = dataclasses.replace(backend_tls(settings, "127.0.0.1", tmp_path), clock=lambda: wall[0])
+
+    async def run() -> None:
+        pool = _pool(front.url, tls)
+        sockets = []
+        try:
+            connection = await pool.connect()
+            sockets.append(_socket(connection))
+            response = await pool.request(b"GET", b"/health", [], b"", connection=connection)
+            await response.read()
+            leased = await pool.connect()  # the same connection, kept alive
+            wall[0] = first.certificate.not_valid_after_utc.timestamp()
+            response = await pool.request(b"GET", b"/health", [], b"", connection=leased)
+            assert response.status == 200
+            await response.read()
+        finally:
+            await pool.close()
+            await _closed(sockets)
+
+    asyncio.run(run())
+    assert [bytes(c.sent).count(b"GET /health ") for c in front.carried] == [1, 1]
