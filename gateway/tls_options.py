@@ -1,6 +1,11 @@
 """The options every TLS context owngate builds carries, client or server side.
 
-TLS 1.2 is the least version, and renegotiation is refused (`OP_NO_RENEGOTIATION`): TLS
+TLS 1.2 is the least version, a peer's name is read from its subject alternative names
+alone, and renegotiation is refused (`OP_NO_RENEGOTIATION`). Names: OpenSSL falls back to
+the subject's common name when a certificate has no DNS SAN, also one with URI SANs (a
+backend's `owngate:` facts, a SPIFFE ID), which RFC 6125 (6.4.4) forbids; a certificate a
+CA issued to a workload or a user whose CN is, or was chosen as, a backend's host passed
+as that backend's. Renegotiation: TLS
 1.3 has none, and in TLS 1.2 a peer that renegotiates can change the certificate a
 connection presents after the gateway checked it (its pins and certificate facts are read
 once, after the first handshake) and makes the other side do handshake work at will.
@@ -25,8 +30,9 @@ __all__ = ["client_context", "harden", "os_roots_context"]
 
 
 def harden(context: ssl.SSLContext) -> ssl.SSLContext:
-    """`context`, set to TLS 1.2 or later and no renegotiation."""
+    """`context`, set to TLS 1.2 or later, names from SANs only, and no renegotiation."""
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.hostname_checks_common_name = False
     context.options |= ssl.OP_NO_RENEGOTIATION
     return context
 

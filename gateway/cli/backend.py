@@ -32,14 +32,19 @@ _MAX_DAYS = 36500.0  # past this, dates leave what certificates (and datetime) c
 
 
 def _name(value: str) -> str:
-    """`--name`: a host name or an IP address."""
+    """`--name`: a host name or an IP address (without an IPv6 zone: `ipaddress` takes any
+    text after `%`, spaces and control characters included, and a certificate's IP SAN
+    has none)."""
     try:
-        ipaddress.ip_address(value)
+        address = ipaddress.ip_address(value)
     except ValueError:
-        if not _HOST.match(value) or ".." in value:
-            raise argparse.ArgumentTypeError(
-                f"{value!r} is not a host name (letters, digits, '.' and '-') or an IP address"
-            ) from None
+        address = None
+    zoned = isinstance(address, ipaddress.IPv6Address) and address.scope_id is not None
+    if zoned or (address is None and (not _HOST.match(value) or ".." in value)):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a host name (letters, digits, '.' and '-') or an IP address "
+            "(without a zone)"
+        )
     return value
 
 

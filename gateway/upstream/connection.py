@@ -228,6 +228,12 @@ class _Connection(asyncio.Protocol):
         if self._answered and self.tls is not None and self.transport is not None:
             self._idle_from = received_bytes(self.transport.get_extra_info("socket"))
 
+    def lapsed(self) -> bool:
+        """Whether its certificate (or a CA certificate of its chain) expired since its
+        handshake: a kept-alive connection is not reused past that (tls.py, `Peer.until`)."""
+        peer, tls = self.peer, self.tls
+        return peer is not None and tls is not None and tls.clock() >= peer.until
+
     def unread(self) -> bool:
         """Whether bytes (or the backend's close) wait unread on this idle connection.
 

@@ -217,8 +217,8 @@ class HttpPool:
                     )
             if connection is not None:
                 connection._conn = None  # consumed: the response owns it now
-            if conn.reused and not conn.closed and conn.unread():
-                conn.abort()  # out of step: what waits in it is no answer to this request
+            if conn.reused and not conn.closed and (conn.unread() or conn.lapsed()):
+                conn.abort()  # out of step, or its certificate expired since it was leased
             if conn.closed:  # closed while it waited (a leased one, for its dispatch record)
                 self._forget(conn)
                 if attempt == 0:
@@ -263,6 +263,8 @@ class HttpPool:
         while idle:
             conn = idle.pop()
             self._sockets.taken(conn)
+            if conn.lapsed():  # its certificate expired while it was kept alive
+                conn.close()
             if not conn.closed:
                 conn.reused = True
                 return conn

@@ -9,7 +9,10 @@ certificate the backend presented on that connection: the SHA-256 of its
 SubjectPublicKeyInfo must be one of the pins (if any), and with `identity: certificate`
 the facts in its URI SANs must equal what gateway.yaml declares (refused renegotiation
 keeps that certificate the connection's). What it returns (`Peer`) is what the dispatch
-record names.
+record names, and until when it holds: a kept-alive connection is not reused past the
+expiry of its certificate or of a CA certificate its chain was verified through
+(`Peer.until`; the pool asks `BackendTLS.clock`), or a record written then would name a
+key, and `attested: true` facts, that no valid certificate vouched for any more.
 
 Pins are written `sha256//` + the standard base64 of the digest (with padding), as
 `curl --pinnedpubkey` takes them. Certificate facts are URI SANs (docs/backend-tls.md):
@@ -32,12 +35,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import math
 import os
 import re
 import ssl
 import tempfile
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -81,6 +86,9 @@ class Peer:
 
     spki_sha256: str  # sha256//base64 of the leaf certificate's SubjectPublicKeyInfo
     attested: bool  # region, owner and retention were read from the certificate and matched
+    # POSIX time at which the certificate, or a CA certificate of its verified chain,
+    # expires: the connection is not reused from then on (`HttpPool._acquire`)
+    until: float = field(default=math.inf, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +153,8 @@ class BackendTLS:
     digest: str = ""  # of the settings and the files read: a reload with new files differs
     files: tuple[Path, ...] = ()  # the files read (CA, client certificate and key)
     files_digest: str = ""  # of their contents, as read
+    # the wall clock a pooled connection's `Peer.until` is read against (a test's fake)
+    clock: Callable[[], float] = field(default=time.time, compare=False)
 
     def files_changed(self) -> bool:
         """Whether the files now read differently from when this was built (a file gone
@@ -165,6 +175,7 @@ class BackendTLS:
         try:
             certificate = x509.load_der_x509_certificate(der)
             pin = _pin(certificate)
+            until = _valid_until(ssl_object, certificate)
             uris = [] if self.declared is None else _uris(certificate)
         except (
             ValueError,  # also a SAN that does not parse (a URI that is not IA5String)
@@ -177,7 +188,7 @@ class BackendTLS:
         if self.pins and pin not in self.pins:
             raise TLSRejectedError(f"certificate key {pin} is not among tls.pin_spki_sha256")
         if self.declared is None:
-            return Peer(pin, attested=False)
+            return Peer(pin, attested=False, until=until)
         try:
             stated = facts_from_uris(uris)
         except ValueError as exc:
@@ -190,12 +201,28 @@ class BackendTLS:
                 raise TLSRejectedError(
                     f"{fact} differs: the certificate says {got!r}, gateway.yaml says {want!r}"
                 )
-        return Peer(pin, attested=True)
+        return Peer(pin, attested=True, until=until)
 
 
 def _pin(certificate: x509.Certificate) -> str:
     spki = certificate.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
     return "sha256//" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
+
+
+def _valid_until(ssl_object: ssl.SSLObject, leaf: x509.Certificate) -> float:
+    """When the first certificate of the verified chain (the leaf, the CAs it was
+    verified through, the trust anchor) expires, as POSIX time."""
+    until = leaf.not_valid_after_utc.timestamp()
+    chain = getattr(ssl_object, "get_verified_chain", None)  # public from Python 3.13
+    if chain is None:  # Python 3.10 to 3.12: the same method, on the C object only
+        chain = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
+    for cert in ([] if chain is None else chain() or [])[1:]:  # None: nothing verified
+        if isinstance(cert, bytes):  # DER, as 3.13's public method gives it
+            expires = x509.load_der_x509_certificate(cert).not_valid_after_utc.timestamp()
+        else:  # `_ssl.Certificate`: `notAfter` as `getpeercert()` writes it
+            expires = ssl.cert_time_to_seconds(cert.get_info()["notAfter"])
+        until = min(until, expires)
+    return until
 
 
 def _uris(certificate: x509.Certificate) -> list[str]:
@@ -227,6 +254,12 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
     own_ca = settings is not None and settings.ca_file is not None
     # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
     context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else os_roots_context()
+    if own_ca:
+        # `ca_file`'s certificates are the anchors, also an issuing CA below the
+        # organisation's root: without this OpenSSL wanted the chain to end at a
+        # self-signed root, so the root (and so every CA it issued: users', other teams')
+        # had to be trusted to attest a backend's facts.
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.set_alpn_protocols(["http/1.1"])
     files: list[Path] = []
     read: list[str] = []  # each file's SHA-256, taken from the bytes read before loading it

@@ -48,6 +48,21 @@ def test_a_name_that_is_no_host_name_is_refused_and_nothing_written(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "name", ["fe80::1%eth0", "fe80::1%a b", "fe80::1%\n", "fe80::1%\x1b[31m", "fe80::1%$(id)"]
+)
+def test_an_address_with_a_scope_is_refused_and_nothing_written(
+    signer: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    # `ipaddress` takes any text after `%` as an IPv6 zone: it went into the files' names
+    # (spaces, newlines, escapes, shell syntax) and the subject CN, while the IP SAN the
+    # certificate states has no zone at all (a zone names a link of one host, no peer's).
+    out = tmp_path / "out" / "deeper"
+    _usage_error([*signer, f"--name={name}", "--out", str(out)])
+    assert "is not a host name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["gpu-fra.internal", "10.0.0.7", "::1", "gateway"])
 def test_host_names_and_addresses_are_names(signer: list[str], tmp_path: Path, name: str) -> None:
     assert main([*signer, "--name", name, "--out", str(tmp_path / "out")]) == 0
