@@ -296,6 +296,8 @@ def test_a_leased_connection_whose_certificate_expired_meanwhile_carries_no_requ
             leased = await pool.connect()  # the same connection, kept alive
             wall[0] = first.certificate.not_valid_after_utc.timestamp()
             response = await pool.request(b"GET", b"/health", [], b"", connection=leased)
+            assert response._conn.transport is not None
+            sockets.append(response._conn.transport.get_extra_info("socket"))  # the new one
             assert response.status == 200
             await response.read()
         finally:
