@@ -36,6 +36,8 @@ environment, and its sync clients (a provider it serves only synchronously, in a
 thread) went straight to the provider past the backend's `proxy`. Within a watched call
 every httpx client sends on its own transport, never a mount, and one on httpx's transport
 goes through the backend's `proxy` (LiteLLM's aiohttp transport asks `call_proxy`).
+Nor does a watched call's `send` follow a redirect, whichever client it is on (that Azure
+client followed a 307 to any host, the prompt resent there).
 """
 
 from __future__ import annotations
@@ -213,6 +215,8 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
                 outbound.cut = UNBOUNDED  # refused before a byte is sent
                 raise AnswerTooLarge(UNBOUNDED)
             _mark()
+            if bounds and outbound is not None:  # never a 3xx followed, whoever made the client
+                kwargs["follow_redirects"] = False
             if bounds and outbound is not None and outbound.max_bytes is not None:
                 return await bounded_send(bounds, method, outbound, *args, **kwargs)
             return await method(*args, **kwargs)
@@ -223,6 +227,8 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
         @functools.wraps(method)
         def marked(*args: Any, **kwargs: Any) -> Any:
             _mark()
+            if _WATCHED.get() is not None:  # a sync `send`: never a 3xx followed
+                kwargs["follow_redirects"] = False
             return method(*args, **kwargs)
 
         wrapper = marked
