@@ -79,9 +79,10 @@ def test_pythons_own_default_allows_renegotiation() -> None:
 
 def test_os_roots_that_cannot_be_loaded_are_no_roots(tmp_path: Path, monkeypatch: Any) -> None:
     """OpenSSL's default CA file present but empty (or unreadable): `load_default_certs`,
-    which the system contexts used, skips it; `os_roots_context` raised `SSLError`, so a
-    config with a private https backend without `tls.ca_file` did not load, and every
-    witness connection failed. Now such a system's contexts trust no root, as before."""
+    which the system contexts used, skips it; `os_roots_context` raised `SSLError`, so
+    building any private https backend's TLS without `tls.ca_file` (`system_tls`,
+    `backend_tls`) and every witness connection failed. Now such a system's contexts
+    trust no root, as before."""
     empty = tmp_path / "cert.pem"
     empty.write_bytes(b"")
     paths = ssl.get_default_verify_paths()._replace(
