@@ -45,11 +45,18 @@ def client_context() -> ssl.SSLContext:
 def os_roots_context() -> ssl.SSLContext:
     """A client context trusting the roots OpenSSL was built with (its default CA file and
     directory), never those the environment names; the server's name checked. A system
-    without them trusts no root: only a backend's own `tls.ca_file` then verifies."""
+    without them trusts no root: only a backend's own `tls.ca_file` then verifies. One
+    that cannot be loaded (empty, unreadable) is skipped, as `load_default_certs` does."""
     context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
     paths = ssl.get_default_verify_paths()
-    cafile = paths.openssl_cafile if os.path.isfile(paths.openssl_cafile) else None
-    capath = paths.openssl_capath if os.path.isdir(paths.openssl_capath) else None
-    if cafile is not None or capath is not None:
-        context.load_verify_locations(cafile=cafile, capath=capath)
+    locations: list[dict[str, str]] = []
+    if os.path.isfile(paths.openssl_cafile):
+        locations.append({"cafile": paths.openssl_cafile})
+    if os.path.isdir(paths.openssl_capath):
+        locations.append({"capath": paths.openssl_capath})
+    for location in locations:
+        try:
+            context.load_verify_locations(**location)
+        except OSError:  # ssl.SSLError too: an empty file, one without certificates
+            continue
     return context

@@ -5,6 +5,7 @@ TLS, key pins), certificate identity and `owngate attest` countersignatures (the
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -40,6 +41,18 @@ PRIVATE_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang", "openai
 _FACT_KEYS = key_pattern(
     ("days", "training", "zero_data_retention", "retention", "region", "owner", "provider")
 )
+
+
+def _ipv6_literal(host: str) -> bool:
+    """Whether `host` is `[an IPv6 address]`, without a zone."""
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else ""
+    if not inner or "%" in inner:
+        return False
+    try:
+        ipaddress.IPv6Address(inner)
+    except ValueError:
+        return False
+    return True
 
 
 class RetentionSettings(_Strict):
@@ -97,6 +110,8 @@ class ModelSettings(_Strict):
 # gateway/upstream/tls.py reads them with it), and the most days `owngate:retention:` can.
 _GLOB = re.compile(r"[*?\[\]]")  # what a policy glob reads as a pattern
 FACT_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}\Z")  # \Z: `$` would also end before a newline
+# A proxy's host by name (or IPv4 address): dot-separated labels of up to 63 characters.
+_DNS_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}(?:\.[A-Za-z0-9_-]{1,63})*\.?\Z")
 MAX_FACT_DAYS = 999999
 
 
@@ -219,11 +234,21 @@ class BackendSettings(_Strict):
             raise ValueError(f"proxy has an invalid port: {exc}") from exc
         if port is None:
             raise ValueError("proxy must name its port (http://host:port)")
+        if port == 0:
+            raise ValueError("proxy has an invalid port: 0")
         if "@" in parts.netloc:
             raise ValueError("proxy must not carry credentials (they would be shown)")
         if parts.path.strip("/") or parts.query or parts.fragment:
             raise ValueError("proxy must be http://host:port, without a path or query")
-        return f"http://{parts.netloc}"
+        # urlsplit reads past what a host may be (`[fd00::9]x` is host fd00::9): each call
+        # would then fail to connect, so the host is checked whole, as written.
+        host = parts.netloc.rpartition(":")[0]
+        if not (_DNS_NAME.match(host) or _ipv6_literal(host)):
+            raise ValueError(
+                "proxy's host must be a DNS name, an IPv4 address or a bracketed IPv6 "
+                f"address: {host!r}"
+            )
+        return f"http://{host.lower()}:{port}"
 
     @model_validator(mode="before")
     @classmethod

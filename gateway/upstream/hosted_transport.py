@@ -27,6 +27,17 @@ What httpx reads of a watched call's answers is bounded by `limits.max_response_
 memory, and a stream's lines whole, before the gateway sees any of it, so a hostile or
 compromised provider answering 2 GB (or one endless SSE line) grew the gateway by about
 five times that.
+
+Where a watched call's requests go is the call's to say, not the environment's
+(`install_call_routes`): an httpx client LiteLLM makes outside the factories
+gateway/upstream/litellm_runtime.py wraps (the Azure SDK client it builds for a Cloudflare
+AI Gateway URL, a text-completion handler's own) mounted `HTTP_PROXY` and the like from the
+environment, and its sync clients (a provider it serves only synchronously, in a worker
+thread) went straight to the provider past the backend's `proxy`. Within a watched call
+every httpx client sends on its own transport, never a mount, and one on httpx's transport
+goes through the backend's `proxy` (LiteLLM's aiohttp transport asks `call_proxy`).
+Nor does a watched call's `send` follow a redirect, whichever client it is on (that Azure
+client followed a 307 to any host, the prompt resent there).
 """
 
 from __future__ import annotations
@@ -34,14 +45,23 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Final
+from weakref import WeakKeyDictionary
 
 from gateway.upstream.hosted_bound import UNBOUNDED, AnswerTooLarge, bounded_send, in_bounded_send
 
-__all__ = ["AnswerTooLarge", "Outbound", "call_proxy", "install_transport_marks", "watching"]
+__all__ = [
+    "AnswerTooLarge",
+    "Outbound",
+    "call_proxy",
+    "install_call_routes",
+    "install_transport_marks",
+    "watching",
+]
 
 # (module, class, method): where a request leaves for the network. httpx is LiteLLM's;
 # httpx2 the OpenAI SDK's (which takes either); aiohttp LiteLLM's default transport under
@@ -54,6 +74,18 @@ _FUNNELS: Final = (
     ("aiohttp", "ClientSession", "_request"),
 )
 _MARK: Final = "_owngate_marks_outbound"
+# (module, client class, its transport class that can go through a proxy): the clients
+# whose route a watched call decides (`install_call_routes`).
+_ROUTED: Final = (
+    ("httpx", "Client", "HTTPTransport"),
+    ("httpx", "AsyncClient", "AsyncHTTPTransport"),
+    ("httpx2", "Client", "HTTPTransport"),
+    ("httpx2", "AsyncClient", "AsyncHTTPTransport"),
+)
+_ROUTES_MARK: Final = "_owngate_call_routes"
+# client -> {proxy URL: a transport of the client's kind through it, same TLS trust}
+_PROXY_ROUTES: WeakKeyDictionary[Any, dict[str, Any]] = WeakKeyDictionary()
+_ROUTES_LOCK: Final = threading.Lock()  # sync clients send from LiteLLM's worker threads
 
 
 class Outbound:
@@ -98,6 +130,53 @@ async def call_proxy(_transport: Any, _request: Any) -> str | None:
     return None if outbound is None else outbound.proxy
 
 
+def install_call_routes() -> None:
+    """Make every httpx (and httpx2) client choose a watched call's transport by the call:
+    its own transport, never a mount (an environment proxy), and through the backend's
+    `proxy` where that transport is httpx's own; idempotent."""
+    for module_name, class_name, transport_name in _ROUTED:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        owner = getattr(module, class_name)
+        method = owner._transport_for_url
+        if getattr(method, _ROUTES_MARK, False):
+            continue
+        routed = _routed(method, getattr(module, transport_name))
+        setattr(routed, _ROUTES_MARK, True)
+        owner._transport_for_url = routed
+
+
+def _routed(method: Any, proxying: type) -> Any:
+    """`method` (a client's `_transport_for_url`) deciding by the watched call, if any."""
+
+    @functools.wraps(method)
+    def transport_for_url(client: Any, url: Any) -> Any:
+        outbound = _WATCHED.get()
+        if outbound is None:
+            return method(client, url)
+        own = client._transport
+        if outbound.proxy is None or not isinstance(own, proxying):
+            return own  # LiteLLM's aiohttp transport takes the proxy itself (`call_proxy`)
+        return _proxy_route(client, own, outbound.proxy, proxying)
+
+    return transport_for_url
+
+
+def _proxy_route(client: Any, own: Any, proxy: str, proxying: type) -> Any:
+    """The transport through `proxy` kept for `client`, made on first use with the TLS
+    context (trust, client certificate) of its own transport `own`."""
+    with _ROUTES_LOCK:
+        routes = _PROXY_ROUTES.setdefault(client, {})
+        route = routes.get(proxy)
+        if route is None:
+            context = getattr(getattr(own, "_pool", None), "_ssl_context", None)
+            route = proxying(proxy=proxy, verify=True if context is None else context)
+            routes[proxy] = route
+        return route
+
+
 def _mark() -> None:
     outbound = _WATCHED.get()
     if outbound is not None:
@@ -136,6 +215,8 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
                 outbound.cut = UNBOUNDED  # refused before a byte is sent
                 raise AnswerTooLarge(UNBOUNDED)
             _mark()
+            if bounds and outbound is not None:  # never a 3xx followed, whoever made the client
+                kwargs["follow_redirects"] = False
             if bounds and outbound is not None and outbound.max_bytes is not None:
                 return await bounded_send(bounds, method, outbound, *args, **kwargs)
             return await method(*args, **kwargs)
@@ -146,6 +227,8 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
         @functools.wraps(method)
         def marked(*args: Any, **kwargs: Any) -> Any:
             _mark()
+            if _WATCHED.get() is not None:  # a sync `send`: never a 3xx followed
+                kwargs["follow_redirects"] = False
             return method(*args, **kwargs)
 
         wrapper = marked

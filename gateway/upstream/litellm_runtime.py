@@ -25,7 +25,10 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   an http call's prompt and key and answered for the provider. The transport now asks
   the hosted call a request belongs to (`call_proxy`, gateway/upstream/hosted_transport.py),
   `disable_aiohttp_trust_env` is on (`AIOHTTP_TRUST_ENV` removed), and every httpx client
-  it creates loses the routes httpx mounted from the environment (`_direct`).
+  it creates loses the routes httpx mounted from the environment (`_direct`); within a
+  hosted call, any httpx client (one LiteLLM made elsewhere, a sync one in a worker
+  thread) sends on its own transport, through the backend's `proxy` if it names one
+  (`install_call_routes`).
   `SSL_CERT_FILE` still replaces certifi's bundle for hosted calls (an operator's
   bundle, docs/security.md).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
@@ -103,7 +106,11 @@ from typing import Any, Final
 
 from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.hosted_stream import install_stream_bound
-from gateway.upstream.hosted_transport import call_proxy, install_transport_marks
+from gateway.upstream.hosted_transport import (
+    call_proxy,
+    install_call_routes,
+    install_transport_marks,
+)
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
 from gateway.upstream.text_client import install_text_client_default
@@ -200,6 +207,7 @@ def load_litellm() -> ModuleType:
     _refuse_redirects()
     _count_hosted_connections()
     _proxy_per_call()  # a backend's `proxy`, not the environment's
+    install_call_routes()  # every httpx client of a hosted call: the same, no env mounts
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most

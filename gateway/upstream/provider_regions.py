@@ -24,7 +24,10 @@ declared area (`region: eu`), the one the environment names (LiteLLM's own order
 default where none is set) when it is within that area. A backend whose Region cannot be
 pinned so (the environment names one outside the declared area, or none and LiteLLM's
 default is outside it) is refused at start, naming both. A Bedrock backend with a
-`base_url` goes to that URL's host (checked at config load), and is not pinned.
+`base_url` goes to that URL's host (checked at config load), and is not pinned. A
+SageMaker one is pinned all the same: LiteLLM builds its URL from the Region alone
+(`runtime.sagemaker.<region>.amazonaws.com`), never reading `api_base`, so with a
+`base_url` it went to the Region the environment named.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ __all__ = ["pinned_regions"]
 # Where LiteLLM (and boto3 under it) reads the Region, in its order.
 _AWS_VARIABLES: Final = ("AWS_REGION_NAME", "AWS_REGION", "AWS_DEFAULT_REGION")
 _AWS_DEFAULT: Final = "us-west-2"
+# AWS routes whose URL LiteLLM builds from the Region whatever `api_base` says.
+_REGION_ONLY: Final = ("sagemaker/", "sagemaker_chat/", "sagemaker_nova/")
 _VERTEX_VARIABLES: Final = ("VERTEXAI_LOCATION", "VERTEX_LOCATION")
 _VERTEX_DEFAULT: Final = "us-central1"
 # A regional Google Cloud location (`europe-west4`, `us-central1`, `me-central2`).
@@ -65,7 +70,7 @@ def pinned_regions(
     Region it would go to cannot be made one within the declared `region`."""
     pins: dict[str, dict[str, str]] = {}
     for model in provider_models:
-        if model.startswith(AWS_PREFIXES) and base_url is None:
+        if model.startswith(AWS_PREFIXES) and (base_url is None or model.startswith(_REGION_ONLY)):
             pins[model] = {"aws_region_name": _aws_region(backend_id, region, model, environ)}
         elif model.startswith(VERTEX_PREFIXES):
             location = _vertex_location(backend_id, region, base_url, environ)

@@ -41,6 +41,7 @@ async def call(url, model):
     backend = BackendSettings.model_validate({"id": "h", "kind": "hosted", "region": "us",
         "owner": "o", "provider": model.split("/")[0], "base_url": url, "api_key_env": "K",
         "models": [{"name": "g", "provider_model": model}],
+        "unsafe_unchecked_azure_host": model.startswith("azure/"),
         **({} if proxy is None else {"proxy": proxy})})
     client = HostedClient(backend, environ={"K": sys.argv[1]}, timeout_s=10)
     try:
@@ -190,6 +191,52 @@ def test_a_hosted_backends_proxy_is_the_one_gateway_yaml_names(
     assert all(PROMPT.encode() in post.body for post in proxy.posts)
     assert provider.posts == [] and anthropic.received == []
     assert decoy.connections == 0
+
+
+# An Azure deployment behind Cloudflare's AI Gateway: LiteLLM gives such a base URL an
+# OpenAI SDK client of its own making (httpx's transport, its environment proxies mounted).
+_CLOUDFLARE_AZURE = "/gateway.ai.cloudflare.com/v1/acct/gw/azure-openai/resource"
+
+
+@pytest.mark.parametrize(
+    ("base_path", "model"),
+    [
+        (_CLOUDFLARE_AZURE, "azure/deployment"),  # its own httpx client
+        ("/v1", "maritalk/m"),  # LiteLLM's sync handler, run in a worker thread
+    ],
+    ids=["azure-cloudflare", "sync-handler"],
+)
+@pytest.mark.parametrize("configured", [False, True], ids=["direct", "proxy"])
+def test_a_hosted_call_on_an_httpx_transport_takes_only_its_backends_proxy(
+    provider: RawBackend, proxy: RawBackend, base_path: str, model: str, configured: bool
+) -> None:
+    """Calls LiteLLM sends on httpx's own transport rather than its aiohttp one: the
+    Azure client it makes for a Cloudflare AI Gateway URL went through the environment's
+    proxy, prompt and key included, with or without the backend's `proxy`; a provider
+    LiteLLM serves synchronously (its sync client in a worker thread) went straight to
+    the provider although the backend named a `proxy`."""
+    decoy = RawBackend(json_answer(completion_body("FROM-DECOY"))).start()
+    try:
+        out = _child(
+            _HOSTED_SCRIPT,
+            KEY,
+            PROMPT,
+            proxy.url if configured else "-",
+            f"{provider.url}{base_path}",
+            model,
+            HTTP_PROXY=decoy.url,
+            ALL_PROXY=decoy.url,
+            AZURE_API_VERSION="2024-10-21",
+        )
+    finally:
+        decoy.stop()
+    assert out.split(" ", 2)[:2] == [model, "answered"], out
+    assert decoy.connections == 0, [post.head for post in decoy.posts]
+    went = proxy if configured else provider
+    assert [PROMPT.encode() in post.body for post in went.posts] == [True]
+    assert (provider if configured else proxy).connections == 0
+    if configured:  # the absolute URL a proxy is sent
+        assert proxy.posts[0].head.split(b" ", 2)[1].startswith(provider.url.encode())
 
 
 def test_ssl_verify_in_the_environment_does_not_turn_off_a_hosted_calls_checks(

@@ -38,6 +38,8 @@ def test_no_proxy_by_default() -> None:
         ("http://egress.internal:3128", "http://egress.internal:3128"),
         ("http://10.0.0.9:8080/", "http://10.0.0.9:8080"),
         ("http://[fd00::9]:3128", "http://[fd00::9]:3128"),
+        ("HTTP://Egress.Internal:03128", "http://egress.internal:3128"),
+        ("http://squid_1.internal:3128", "http://squid_1.internal:3128"),
     ],
 )
 def test_an_http_proxy_with_its_port_is_kept(written: str, kept: str) -> None:
@@ -56,6 +58,12 @@ def test_an_http_proxy_with_its_port_is_kept(written: str, kept: str) -> None:
         ("http://egress.internal:3128/path", "without a path"),
         ("http://egress.internal:3128?x=1", "without a path"),
         ("http://egress.internal:3128\n", "plain ASCII"),
+        # Taken before, and then every call of the backend failed to connect:
+        ("http://egress.internal:0", "invalid port"),
+        ("http://[fd00::9]x:3128", "host"),  # `x` was dropped from the host, kept in the URL
+        ("http://%65gress.internal:3128", "host"),
+        ("http://egress..internal:3128", "host"),
+        ("http://[fd00::9%25eth0]:3128", "host"),  # a zone: not a plain IPv6 literal
     ],
 )
 def test_a_proxy_of_another_shape_is_refused_naming_why(written: str, why: str) -> None:

@@ -75,3 +75,21 @@ def test_the_log_mirror_and_witness_client_refuse_renegotiation() -> None:
 def test_pythons_own_default_allows_renegotiation() -> None:
     """Why `harden` exists: the tests above could not pass with Python's defaults."""
     assert not ssl.create_default_context().options & ssl.OP_NO_RENEGOTIATION
+
+
+def test_os_roots_that_cannot_be_loaded_are_no_roots(tmp_path: Path, monkeypatch: Any) -> None:
+    """OpenSSL's default CA file present but empty (or unreadable): `load_default_certs`,
+    which the system contexts used, skips it; `os_roots_context` raised `SSLError`, so
+    building any private https backend's TLS without `tls.ca_file` (`system_tls`,
+    `backend_tls`) and every witness connection failed. Now such a system's contexts
+    trust no root, as before."""
+    empty = tmp_path / "cert.pem"
+    empty.write_bytes(b"")
+    paths = ssl.get_default_verify_paths()._replace(
+        openssl_cafile=str(empty), openssl_capath=str(tmp_path / "none")
+    )
+    monkeypatch.setattr(ssl, "get_default_verify_paths", lambda: paths)
+    context = os_roots_context()
+    assert _hardened(context)
+    assert context.get_ca_certs() == []
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
