@@ -166,8 +166,9 @@ def authorize(scope: Scope, settings: AdminSettings, roles: tuple[str, ...] = ()
 
 _METRICS_ROLES = ("operator",)  # `admin.tokens` roles that read /metrics (a scraper's)
 _METRICS_LOOPBACK_ONLY = (
-    "/metrics answers loopback clients only: listen.metrics is 'admin' (the default) and no "
-    "admin token is configured; scrape with an operator token (admin.tokens), or set "
+    "/metrics answers loopback clients only (a loopback peer that sends a loopback or "
+    "localhost Host and no forwarding header): listen.metrics is 'admin' (the default) and "
+    "no admin token is configured; scrape with an operator token (admin.tokens), or set "
     "listen.metrics: open to show it to anyone who reaches this listener"
 )
 
