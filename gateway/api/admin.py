@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LOOPBACK_REFUSED",
     "authorize",
+    "authorize_metrics",
     "backend_detail",
     "is_loopback",
     "loopback_admitted",
@@ -161,6 +162,32 @@ def authorize(scope: Scope, settings: AdminSettings, roles: tuple[str, ...] = ()
         ErrorCode.missing_api_key,
         "send the admin token as 'Authorization: Bearer TOKEN'",
     )
+
+
+_METRICS_ROLES = ("operator",)  # `admin.tokens` roles that read /metrics (a scraper's)
+_METRICS_LOOPBACK_ONLY = (
+    "/metrics answers loopback clients only (a loopback peer that sends a loopback or "
+    "localhost Host and no forwarding header): listen.metrics is 'admin' (the default) and "
+    "no admin token is configured; scrape with an operator token (admin.tokens), or set "
+    "listen.metrics: open to show it to anyone who reaches this listener"
+)
+
+
+def authorize_metrics(scope: Scope, settings: AdminSettings) -> None:
+    """Return if the request may read `/metrics` under `listen.metrics: admin`; raise
+    `GatewayError` otherwise. With admin access that reads it configured (a full-access
+    token, an `operator` token or `admin.allow_loopback`), as `authorize`; with none, a
+    loopback client (the socket's peer, never a header: `loopback_admitted`) may, so a
+    local Prometheus and the quickstart's curl read it, and everyone else is 403 naming
+    `listen.metrics`."""
+    if (
+        settings.token_hashes
+        or settings.allow_loopback
+        or any(t.role in _METRICS_ROLES for t in settings.tokens)
+    ):
+        authorize(scope, settings, roles=_METRICS_ROLES)
+    elif not loopback_admitted(scope):
+        raise GatewayError(ErrorCode.permission_denied, _METRICS_LOOPBACK_ONLY)
 
 
 def _known(token: bytes, hashes: tuple[str, ...]) -> bool:

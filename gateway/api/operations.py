@@ -3,8 +3,8 @@
 `/healthz` says the process answers; `/readyz` whether it takes traffic (started, not
 draining, the provenance log writable, under `serve --workers` its policy set not stale:
 `TrustPolicies.stale`), with nothing more for probes and load balancers; `/metrics` the
-Prometheus text (summed over the workers under `serve --workers`; with `listen.metrics:
-admin`, for the admin surface's callers only). `/admin/status`
+Prometheus text (summed over the workers under `serve --workers`; by default,
+`listen.metrics: admin`, for the admin surface's callers only). `/admin/status`
 (admins only, api/admin.py) adds why: each backend, the policies, the log, the
 witnesses, the shared state and the config reloads.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.api.admin import authorize, backend_detail, send_status, status_report
+from gateway.api.admin import authorize_metrics, backend_detail, send_status, status_report
 from gateway.api.runtime import Runtime
 from gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from gateway.errors import ErrorCode, GatewayError
@@ -83,16 +83,17 @@ class Operations:
         await send_status(scope, send, request_id, parts.config.admin, report)
 
     async def metrics(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        """The Prometheus text: for anyone (`listen.metrics: open`), or, with `admin`, for
-        the admin surface's callers only (its rule ids name each tenant's policy and data
-        classes, its counts when each sends what: docs/security.md)."""
+        """The Prometheus text: with `listen.metrics: admin` (the default), for the admin
+        surface's callers only, or loopback clients when no admin token is configured (its
+        rule ids name each tenant's policy and data classes, its counts when each sends
+        what: docs/security.md); with `open`, for anyone."""
         runtime = self._runtime
         config = runtime.parts.config
         if config.listen.metrics == "admin":
             try:
                 if scope["method"] not in ("GET", "HEAD"):
                     raise GatewayError(ErrorCode.method_not_allowed, "/metrics accepts only GET")
-                authorize(scope, config.admin, roles=("operator",))
+                authorize_metrics(scope, config.admin)
             except GatewayError as error:
                 await send_error(send, error, request_id)
                 return

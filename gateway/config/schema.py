@@ -105,7 +105,7 @@ class ListenSettings(_Strict):
         default=None, gt=0, description="open client connections per process; none: derived"
     )
     metrics: Literal["open", "admin"] = Field(
-        default="open", description="who reads /metrics here: anyone, or an admin token"
+        default="admin", description="who reads /metrics here: an admin token, or anyone"
     )
 
 

@@ -167,6 +167,9 @@ def gateway_config(backends: list[dict[str, Any]], **extra: Any) -> GatewaySetti
         "admin": ADMIN,
     }
     data.update(extra)
+    # Test gateways publish /metrics to tokenless scrapes (`listen.metrics: open`) unless a
+    # test sets it: the default (`admin`) is tests/integration/test_metrics_access.py's.
+    data["listen"] = {"metrics": "open", **(data.get("listen") or {})}
     return GatewaySettings.model_validate(data)
 
 

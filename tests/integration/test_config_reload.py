@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import ADMIN, Sim, backend, readiness
+from tests.helpers.gateways import ADMIN, ADMIN_HEADERS, Sim, backend, readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.waiting import until
@@ -129,7 +129,7 @@ def test_a_bad_config_keeps_the_running_one(gateway: tuple[GatewayProcess, Sim])
     assert state["status"] == "ready"  # still serving, with the old config
     assert "backends" in state["config"]["last_reload_error"]
     assert list(state["backends"]) == ["old"]
-    metrics = httpx.get(f"{process.url}/metrics", timeout=5).text
+    metrics = httpx.get(f"{process.url}/metrics", headers=ADMIN_HEADERS, timeout=5).text
     assert "owngate_config_reload_failures_total 1.0" in metrics
     headers = {"authorization": f"Bearer {KEY}"}
     answer = httpx.post(f"{process.url}/v1/chat/completions", json=SHORT, headers=headers)

@@ -46,7 +46,7 @@ from gateway.provenance.writer.cosignature_collector import (
 )
 from gateway.serving import ServerThread
 from tests.helpers.cosigned_rig import LOG_SIGNER, ORIGIN, W1, W2, copy_log, witnessed_log
-from tests.helpers.gateways import readiness
+from tests.helpers.gateways import ADMIN_HEADERS, readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import run_audit
@@ -365,7 +365,7 @@ def test_gateway_gets_cosignatures_from_a_witness_process(
         status, detail = _witness_state(gateway)
         assert status == 200  # still ready: a witness never gates traffic
         assert detail["failures"] and detail["last_error"]
-        metrics = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+        metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=5).text
         assert 'owngate_witness_up{witness="witness.test/w1+' in metrics
         assert "owngate_witness_failures_total" in metrics
 

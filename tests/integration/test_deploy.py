@@ -54,6 +54,7 @@ K8S_ENV = {
     "OWNGATE_LOG_HOST": "owngate.example.com",
     "OWNGATE_REDIS_URL": "redis://redis:6379/0",
     "OWNGATE_ADMIN_TOKEN_HASH": "sha256:" + "ab" * 32,
+    "OWNGATE_METRICS_TOKEN_HASH": "sha256:" + "cd" * 32,
 }
 GATEWAY_LABELS = {"app.kubernetes.io/name": "owngate", "app.kubernetes.io/component": "gateway"}
 SECRETS = {
@@ -603,6 +604,26 @@ def test_k8s_admin_access_is_the_token_from_its_secret_never_loopback() -> None:
     without = {k: v for k, v in K8S_ENV.items() if k != "OWNGATE_ADMIN_TOKEN_HASH"}
     with pytest.raises(ConfigError, match="OWNGATE_ADMIN_TOKEN_HASH is not set"):
         load_config(BASE / "gateway.yaml", env=without)
+
+
+def test_k8s_metrics_are_for_prometheus_operator_token_from_its_secret() -> None:
+    """/metrics (listen.metrics: admin, the default) answers the admin token or the
+    operator token Prometheus holds, whose digest comes from the Secret owngate-admin;
+    no annotation invites a tokenless scrape job to the pods."""
+    config = load_config(BASE / "gateway.yaml", env=K8S_ENV)
+    assert config.listen.metrics == "admin"
+    assert [(t.hash, t.role) for t in config.admin.tokens] == [
+        (K8S_ENV["OWNGATE_METRICS_TOKEN_HASH"], "operator")
+    ]
+    template = _statefulset()["spec"]["template"]
+    (gateway,) = template["spec"]["containers"]
+    (variable,) = [e for e in gateway["env"] if e["name"] == "OWNGATE_METRICS_TOKEN_HASH"]
+    assert variable["valueFrom"]["secretKeyRef"] == {
+        "name": "owngate-admin",
+        "key": "metrics_token_sha256",
+    }
+    annotations = template["metadata"].get("annotations", {})
+    assert not any(name.startswith("prometheus.io/") for name in annotations)
 
 
 def test_k8s_config_declares_the_example_backends_and_tenants() -> None:

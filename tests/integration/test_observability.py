@@ -34,6 +34,7 @@ from gateway.serving import ServerThread
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
     ADMIN,
+    ADMIN_HEADERS,
     EU_ZERO,
     HOSTED_ONLY_POLICY,
     TENANT_KEY,
@@ -187,7 +188,7 @@ def _serve_and_scrape(url: str) -> str:
     assert chat("m").json()["error"]["code"] == "unknown_data_class"  # a policy refusal
 
     def scrape() -> str:
-        return httpx.get(f"{url}/metrics", timeout=10).text
+        return httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
 
     names = ("owngate_witness_cosigned_size", "owngate_provenance_checkpoint_size")
     until(

@@ -35,7 +35,7 @@ from gateway.upstream.hosted_errors import HostedError
 from tests.helpers.attest import start_sidecar
 from tests.helpers.clock import FakeClock
 from tests.helpers.descriptor_rounds import burst, hosted_client, start_at_128, three_backends
-from tests.helpers.gateways import Sim, backend, gateway_config
+from tests.helpers.gateways import ADMIN_HEADERS, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.raw_backend import RawBackend, json_answer
@@ -57,7 +57,7 @@ def _descriptors(pid: int) -> int:
 
 
 def _metric(url: str, line_start: str) -> str:
-    lines = httpx.get(f"{url}/metrics", timeout=WAIT_S).text.splitlines()
+    lines = httpx.get(f"{url}/metrics", headers=ADMIN_HEADERS, timeout=WAIT_S).text.splitlines()
     return next((line for line in lines if line.startswith(line_start)), "")
 
 

@@ -317,6 +317,7 @@ def test_check_warns_when_max_days_0_and_zero_decide_differently(
                 "OWNGATE_LOG_HOST": "h",
                 "OWNGATE_REDIS_URL": "redis://r",
                 "OWNGATE_ADMIN_TOKEN_HASH": "sha256:" + "c" * 64,
+                "OWNGATE_METRICS_TOKEN_HASH": "sha256:" + "d" * 64,
             },
         ),
         (

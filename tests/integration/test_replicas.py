@@ -31,7 +31,7 @@ import yaml
 
 from gateway.routing.prometheus import parse_metrics
 from gateway.tenants import add_key_hash, hash_api_key
-from tests.helpers.gateways import ADMIN, readiness
+from tests.helpers.gateways import ADMIN, ADMIN_HEADERS, readiness
 from tests.helpers.net import free_port
 from tests.helpers.prerequisites import redis_binary
 from tests.helpers.processes import ServerProcess, owngate_argv
@@ -180,14 +180,14 @@ def backend(gateway: ServerProcess, backend_id: str) -> dict[str, Any]:
 
 def metric(gateway: ServerProcess, name: str, **labels: str) -> float:
     """The sum of a metric's samples that carry `labels`."""
-    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    text = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
     samples = parse_metrics(text).get(name, [])
     return sum(s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items()))
 
 
 def served_by(gateway: ServerProcess) -> dict[str, float]:
     """Successful chat requests this gateway sent to each backend."""
-    text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    text = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS, timeout=10).text
     counts: Counter[str] = Counter()
     for sample in parse_metrics(text).get("owngate_requests_total", []):
         if sample.labels["status"] == "200":

@@ -22,7 +22,7 @@ from gateway.provenance.testing import log_request
 from gateway.provenance.witness.client import MAX_RESPONSE, WitnessClient, request_cosignature
 from gateway.provenance.witness.witness import WitnessError
 from gateway.provenance.writer.cosignature_collector import Cosigning
-from tests.helpers.gateways import readiness
+from tests.helpers.gateways import ADMIN_HEADERS, readiness
 from tests.helpers.hostile_witness import HostileWitness
 from tests.helpers.loop_turns import with_turns_beside
 from tests.helpers.processes import KEY, GatewayProcess
@@ -300,7 +300,7 @@ def test_the_gateway_serves_beside_a_flooding_witness_and_says_why(
         assert shown["state"] == "degraded" and shown["cosigned_size"] is None
         assert ("larger than" in error or "longer than" in error) and error.isprintable()
         assert shown["last_failure"] == "bad_answer"
-        metrics = httpx.get(f"{gateway.url}/metrics").text
+        metrics = httpx.get(f"{gateway.url}/metrics", headers=ADMIN_HEADERS).text
         assert 'owngate_witness_failures_total{reason="bad_answer",witness="' in metrics
         gateway.stop()
     assert list_cosigned(tmp_path / "log") == []
