@@ -5,11 +5,12 @@ verdict must still be the one a smaller answer gets (`answer_reads.check_readabl
 A parse of a document of millions of arrays and objects builds as many Python objects
 (a 15 MiB `[],[],...`: 510 MB, the reason for `usage_read.MAX_CONTAINERS`); this scan
 builds none. It reads the standard library's grammar (strict: no control character in a
-string; `NaN`, `Infinity`, `-Infinity` and numbers of any size read; only ASCII digits;
-` \t\n\r` the only whitespace; nothing but whitespace after the value) with regular
-expressions of possessive repeats that take a run of values nested no deeper than `_FLAT`
-in one match, and a loop with a stack (a `bytearray`, a byte a level) for what is nested
-deeper or longer: runs of `[` and of closing brackets are one step each. Its text is
+string; `NaN`, `Infinity`, `-Infinity` and numbers of any size read, but an integer of more
+digits than `int` converts, 4,300; only ASCII digits; ` \t\n\r` the only whitespace;
+nothing but whitespace after the value) with regular expressions of possessive repeats
+that take a run of values nested no deeper than `_FLAT` in one match, and a loop with a
+stack (a `bytearray`, a byte a level) for what is nested deeper or longer: runs of `[`
+and of closing brackets are one step each. Its text is
 checked as UTF-8 (lone surrogates allowed, as `json.loads(bytes)` decodes) a chunk at a
 time. It does not judge depth: a document nested deeper than the client's stack is left
 to the caller (`PastBounds` already says the client may or may not read it).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import codecs
 import re
+import sys
 from functools import cache
 from typing import Final, NamedTuple
 
@@ -48,7 +50,17 @@ _NESTED_LENGTH: Final = 16
 
 _WS: Final = rb"[ \t\n\r]*+"
 _STR: Final = rb'"(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*+"'
-_DIGITS: Final = rb"(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+"
+# An integer of more digits than `int` converts (`sys.get_int_max_str_digits`, 4,300 by
+# default) is refused by `json.loads` (a ValueError), a number with a fraction or an
+# exponent of any length read (as a float): the long digits only before one of those.
+_INT_DIGITS: Final = sys.get_int_max_str_digits()
+_LONG_INT: Final = rb"[1-9][0-9]*+(?=\.[0-9]|[eE][-+]?+[0-9])"
+_INT: Final = (
+    rb"(?:0|[1-9][0-9]{0,%d}+(?![0-9])|" % (_INT_DIGITS - 1) + _LONG_INT + rb")"
+    if _INT_DIGITS
+    else rb"(?:0|[1-9][0-9]*+)"
+)
+_DIGITS: Final = _INT + rb"(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+"
 # Each alternative opens with its own character, which the engine tests first.
 _SCALAR: Final = (
     rb"(?:"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.api import json_syntax
 from gateway.api.answer_reads import Unscanned, check_readable
-from gateway.api.usage_read import MAX_CONTAINERS
+from gateway.api.usage_read import MAX_CONTAINERS, MAX_FALLBACK
 from gateway.upstream.http import UpstreamError
 
 
@@ -70,6 +70,13 @@ CASES = [
     b"\xef\xbb\xbf{}",
     b'{"a":' + b"[" * 20 + b"x",
     b"[1]\x00",
+    # `int` converts no more than 4,300 digits: `json.loads` refuses a longer integer
+    b"1" * 4300,
+    b"[" + b"1" * 4301 + b"]",
+    b'{"a":-' + b"9" * 4301 + b"}",
+    b"[" + b"1" * 4301 + b".5," + b"1" * 4301 + b"e-3]",  # a float of any length reads
+    b"[" + b"1" * 4301 + b".]",
+    b"[" + b"1" * 4301 + b"e]",
 ]
 
 
@@ -150,6 +157,19 @@ def test_an_answer_past_the_bound_is_judged_by_its_syntax() -> None:
     with pytest.raises(UpstreamError) as not_object:
         check_readable(PAST[PAST.index(b"[") : -1])
     assert not_object.value.kind == "shape"
+
+
+def test_an_answer_past_the_fallback_bound_with_a_long_integer_is_refused() -> None:
+    """Over 1 MiB, an answer orjson refuses is past the standard library's bound too
+    (`MAX_FALLBACK`): one whose integer of 5,000 digits `json.loads` refuses (`int`
+    converts at most 4,300) was judged readable, relayed and recorded as served."""
+    padding = b'"' + b"a" * (MAX_FALLBACK + 1) + b'"'
+    body = b'{"id":"c","n":' + b"7" * 5000 + b',"pad":' + padding + b"}"
+    with pytest.raises(UpstreamError) as shape:
+        check_readable(body)
+    assert shape.value.kind == "shape"
+    readable = body.replace(b"7" * 5000, b"7" * 4300)
+    assert check_readable(readable) is None  # read: relayed with its usage unknown
 
 
 def test_the_event_loop_keeps_turning_while_an_answer_past_the_bound_is_scanned() -> None:
