@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given, settings
@@ -200,3 +202,71 @@ def test_the_event_loop_keeps_turning_while_an_answer_past_the_bound_is_scanned(
         return during
 
     assert asyncio.run(turns_during_the_check()) > 2
+
+
+class _BlockedScan:
+    """`json_syntax.refused` held until `release` is set, telling the loop it started."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.started = asyncio.Event()
+        self.release = threading.Event()
+        self._loop = loop
+
+    def __call__(self, text: bytes) -> bool:
+        self._loop.call_soon_threadsafe(self.started.set)
+        self.release.wait(60)
+        return False
+
+
+def test_a_scan_takes_no_thread_of_the_default_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hostile backend's answers past the bound took every thread of the loop's default
+    executor, which also looks up the host names of connections to the other backends,
+    reloads the config and writes cosignature files: those waited for its scans."""
+
+    async def other_thread_work_while_a_scan_runs() -> int:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # one, taken by a scan before
+        scan = _BlockedScan(loop)
+        monkeypatch.setattr(json_syntax, "refused", scan)
+        with pytest.raises(Unscanned) as past:
+            check_readable(PAST, aside=True)
+        scanning = asyncio.create_task(past.value.scanned())
+        try:
+            await asyncio.wait_for(scan.started.wait(), 30)
+            return await asyncio.wait_for(asyncio.to_thread(int, "42"), 10)
+        finally:
+            scan.release.set()
+            await scanning
+
+    assert asyncio.run(other_thread_work_while_a_scan_runs()) == 42
+
+
+def test_a_cancelled_scan_is_waited_for_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay gives the answer's budget back once the request ends: a request whose
+    client left mid-scan ended at once while the thread still held the answer (16 MiB,
+    one a thread), uncounted."""
+
+    async def cancelled_mid_scan() -> tuple[bool, bool]:
+        scan = _BlockedScan(asyncio.get_running_loop())
+        monkeypatch.setattr(json_syntax, "refused", scan)
+        with pytest.raises(Unscanned) as past:
+            check_readable(PAST, aside=True)
+        scanning = asyncio.create_task(past.value.scanned())
+        try:
+            await asyncio.wait_for(scan.started.wait(), 30)
+            scanning.cancel()
+            for _ in range(20):  # turns enough for a cancelled await to end
+                await asyncio.sleep(0)
+            ended_while_scanning = scanning.done()
+        finally:
+            scan.release.set()
+        try:
+            await scanning
+        except asyncio.CancelledError:
+            return ended_while_scanning, True
+        return ended_while_scanning, False
+
+    assert asyncio.run(cancelled_mid_scan()) == (False, True)
+
