@@ -270,3 +270,22 @@ def test_a_cancelled_scan_is_waited_for_while_it_runs(monkeypatch: pytest.Monkey
 
     assert asyncio.run(cancelled_mid_scan()) == (False, True)
 
+
+def test_a_long_answer_with_logprobs_past_the_bound_is_relayed() -> None:
+    """60,000 tokens with one alternative each: past `MAX_CONTAINERS` (five arrays and
+    objects a token), some 8 steps a token; the fixed 262,144 steps gave up on it and the
+    answer the client reads was a failed attempt (`shape`), 502 with no other backend."""
+    token = (
+        b'{"token":"tok","logprob":-0.12,"bytes":[116,111,107],'
+        b'"top_logprobs":[{"token":"alt","logprob":-1.5,"bytes":[97,108,116]}]}'
+    )
+    body = (
+        b'{"id":"c","object":"chat.completion","choices":[{"index":0,"message":'
+        b'{"role":"assistant","content":"hi"},"logprobs":{"content":['
+        + b",".join([token] * 60000)
+        + b"]}}]}"
+    )
+    assert check_readable(body) is None  # read: relayed with its usage unknown
+    with pytest.raises(UpstreamError) as cut:
+        check_readable(body[:-1])
+    assert cut.value.kind == "shape"
