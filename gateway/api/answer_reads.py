@@ -206,7 +206,12 @@ class Unscanned(Exception):
                     with contextlib.suppress(asyncio.CancelledError):
                         await asyncio.wait([ended])
                 ended.exception()  # its verdict, moot now, taken (none logged as unread)
+                del ended
             raise
+        finally:
+            # Its error's traceback holds this frame: a cycle through the future holding
+            # the error would keep the answer until the collector finds it.
+            del scan
 
 
 # Threads the syntax scans run on (`Unscanned.scanned`): two, as each holds the interpreter

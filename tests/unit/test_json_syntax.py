@@ -4,9 +4,11 @@ verdict of `json.loads`, with memory bounded and its steps counted."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import tracemalloc
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -289,3 +291,29 @@ def test_a_long_answer_with_logprobs_past_the_bound_is_relayed() -> None:
     with pytest.raises(UpstreamError) as cut:
         check_readable(body[:-1])
     assert cut.value.kind == "shape"
+
+
+def test_a_refused_scan_leaves_no_cycle_holding_the_answer() -> None:
+    """The relay gives the answer's budget back when the attempt fails: the scan's error
+    must not keep it (`Unscanned` holds the answer) in a cycle only the collector frees."""
+
+    async def refused_scan() -> tuple[weakref.ref[Unscanned], bool]:
+        refused = False
+        try:
+            check_readable(PAST[:-1], aside=True)
+        except Unscanned as past:
+            held = weakref.ref(past)
+            try:
+                await past.scanned()
+            except UpstreamError:
+                refused = True
+        return held, refused
+
+    gc.collect()
+    gc.disable()
+    try:
+        held, refused = asyncio.run(refused_scan())
+        assert refused
+        assert held() is None
+    finally:
+        gc.enable()
