@@ -292,7 +292,6 @@ def test_a_long_answer_with_logprobs_past_the_bound_is_relayed() -> None:
     assert cut.value.kind == "shape"
 
 
-
 def test_a_refused_scan_leaves_no_cycle_holding_the_answer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
