@@ -18,8 +18,8 @@ to the caller (`PastBounds` already says the client may or may not read it).
 Bounded: each match takes at most `_RUN_LENGTH` values of at most `_NESTED_LENGTH`
 elements in each of their arrays and objects (a few ms: a call into the expression
 engine never lets go of the interpreter, and `answer_reads.Unscanned.scanned` runs the
-scan in a worker thread; not so for strings, each taken whole: 16 MiB of escapes `\\/`
-in them are one match of 0.59 s, docs/security.md), no byte is read by more than four
+scan in a worker thread; a string is taken whole, so the escapes of a text holding over
+`_FEW_ESCAPES` are read apart first, `_unescaped`), no byte is read by more than four
 matches (those starting at it and at its two nearest enclosing arrays or objects), and
 the loop takes at most
 `MAX_STEPS` steps, or one for each `_BYTES_A_STEP` bytes of a longer document, past which
@@ -58,6 +58,11 @@ _RUN_LENGTH: Final = 256
 _NESTED_LENGTH: Final = 16
 
 _WS: Final = rb"[ \t\n\r]*+"
+_ESCAPE: Final = rb'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})'
+# Backslashes past which a text's escapes are read apart (`_unescaped`), and the pieces
+# (runs of text, escapes) one match of those takes: some 5 ms of the expression engine.
+_FEW_ESCAPES: Final = 1 << 16
+_ESCAPES: Final = 1 << 16
 _STR: Final = rb'"(?:[^"\\\x00-\x1f]++|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*+"'
 # An integer of more digits than `int` converts (`sys.get_int_max_str_digits`, 4,300 by
 # default) is refused by `json.loads` (a ValueError), a number with a fraction or an
@@ -104,6 +109,8 @@ class _Expressions(NamedTuple):
     open: re.Pattern[bytes]  # `[` any times, then `{` or not (group 1)
     close: re.Pattern[bytes]  # closing brackets, one or more
     space: re.Pattern[bytes]
+    escapes: re.Pattern[bytes]  # text and valid escapes, at most `_ESCAPES` of each
+    escape: re.Pattern[bytes]  # one valid escape
 
 
 @cache
@@ -122,6 +129,8 @@ def _expressions() -> _Expressions:
         open=re.compile(rb"(?:\[" + _WS + rb")" + bounded % 0 + rb"(\{" + _WS + rb")?+"),
         close=re.compile(rb"(?:[\]}]" + _WS + rb")" + bounded % 1),
         space=re.compile(_WS),
+        escapes=re.compile(rb"(?:[^\\]++|" + _ESCAPE + rb"){1,%d}+" % _ESCAPES),
+        escape=re.compile(_ESCAPE),
     )
 
 
@@ -137,8 +146,37 @@ class Unchecked(ValueError):
 
 def refused(text: bytes) -> bool:
     """Whether `json.loads` refuses `text` (UTF-8) for anything but its depth; `Unchecked`
-    past `MAX_STEPS`. Builds no value: its memory is the text's depth, a byte a level."""
-    return not _utf8(text) or not _grammatical(text)
+    past `MAX_STEPS`. Builds no value: its memory is the text's depth, a byte a level (and
+    a copy of the text where it holds over `_FEW_ESCAPES` backslashes: `_unescaped`)."""
+    if not _utf8(text):
+        return True
+    steps = max(MAX_STEPS, len(text) // _BYTES_A_STEP)
+    if text.count(b"\\") > _FEW_ESCAPES:
+        unescaped = _unescaped(text)
+        return unescaped is None or not _grammatical(unescaped, steps)
+    return not _grammatical(text, steps)
+
+
+def _unescaped(text: bytes) -> bytes | None:
+    """`text` with each escape made an `x`, told a few thousand escapes at a time; None
+    where a backslash opens no valid escape (`json.loads` refuses it, in a string or out).
+
+    A match of the expressions takes a string whole, each escape a turn of the expression
+    engine (16 MiB of `\\/` held the interpreter 0.59 s in one match): the escapes are
+    read here in bounded matches instead, left to right as in a string (a backslash is
+    nowhere else valid), and the grammar reads the copy, whose verdict is the text's: an
+    `x` stands where a character of a string stood, and one where the text's backslash
+    stood outside a string is refused as it was."""
+    ex = _expressions()
+    copy = bytearray()
+    pos, end = 0, len(text)
+    while pos < end:
+        found = ex.escapes.match(text, pos)
+        if found is None or found.end() == pos:
+            return None
+        copy += ex.escape.sub(b"x", text[pos : found.end()])
+        pos = found.end()
+    return bytes(copy)
 
 
 def _utf8(text: bytes) -> bool:
@@ -155,14 +193,14 @@ def _utf8(text: bytes) -> bool:
     return True
 
 
-def _grammatical(text: bytes) -> bool:
-    """Whether `text` is one JSON value between whitespace (the module's text)."""
+def _grammatical(text: bytes, steps: int) -> bool:
+    """Whether `text` is one JSON value between whitespace (the module's text), told
+    within `steps` steps."""
     ex = _expressions()
     stack = bytearray()  # the open arrays and objects: `[` or `{` each
     pos = _past_space(ex, text, 0)
     state = _TOP
     end = len(text)
-    steps = max(MAX_STEPS, end // _BYTES_A_STEP)
     for _ in range(steps):
         if state == _AFTER:
             if not stack:

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import json
 import threading
+import time
 import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 
@@ -325,3 +326,38 @@ def test_a_refused_scan_leaves_no_cycle_holding_the_answer(
         gc.garbage.clear()
         gc.enable()
     assert "Unscanned" not in cyclic
+
+
+def test_a_string_of_many_escapes_does_not_hold_the_loop_for_its_scan() -> None:
+    """A match took a string whole, each escape a turn of the expression engine, which
+    never lets go of the interpreter: 16 MiB of `\\/` (past the bounds: over 1 MiB, and
+    orjson refuses its lone surrogate) held the loop 0.59 s, its whole scan, in one match.
+    The loop's longest wait is told against the scan's length, on any machine."""
+    body = b'{"id":"c","s":"' + b"\\/" * (4 << 20) + b'\\ud800"}'
+    json_syntax.refused(b"[]")  # its expressions compiled
+
+    async def longest_wait_and_scan() -> tuple[float, float]:
+        done = asyncio.Event()
+        longest = 0.0
+
+        async def turn() -> None:
+            nonlocal longest
+            last = time.perf_counter()
+            while not done.is_set():
+                await asyncio.sleep(0)
+                now = time.perf_counter()
+                longest, last = max(longest, now - last), now
+
+        with pytest.raises(Unscanned) as past:
+            check_readable(body, aside=True)
+        turning = asyncio.create_task(turn())
+        await asyncio.sleep(0)  # it turned once before the scan
+        started = time.perf_counter()
+        await past.value.scanned()
+        scan = time.perf_counter() - started
+        done.set()
+        await turning
+        return longest, scan
+
+    longest, scan = asyncio.run(longest_wait_and_scan())
+    assert longest < scan / 4
