@@ -157,7 +157,7 @@ def refused(text: bytes) -> bool:
     return not _grammatical(text, steps)
 
 
-def _unescaped(text: bytes) -> bytes | None:
+def _unescaped(text: bytes) -> bytearray | None:
     """`text` with each escape made an `x`, told a few thousand escapes at a time; None
     where a backslash opens no valid escape (`json.loads` refuses it, in a string or out).
 
@@ -176,7 +176,7 @@ def _unescaped(text: bytes) -> bytes | None:
             return None
         copy += ex.escape.sub(b"x", text[pos : found.end()])
         pos = found.end()
-    return bytes(copy)
+    return copy  # (not copied again: the expressions read a bytearray as bytes)
 
 
 def _utf8(text: bytes) -> bool:
@@ -193,7 +193,7 @@ def _utf8(text: bytes) -> bool:
     return True
 
 
-def _grammatical(text: bytes, steps: int) -> bool:
+def _grammatical(text: bytes | bytearray, steps: int) -> bool:
     """Whether `text` is one JSON value between whitespace (the module's text), told
     within `steps` steps."""
     ex = _expressions()
@@ -257,7 +257,7 @@ def _grammatical(text: bytes, steps: int) -> bool:
     raise Unchecked(f"past {steps} steps of the syntax scan")
 
 
-def _past_space(ex: _Expressions, text: bytes, pos: int) -> int:
+def _past_space(ex: _Expressions, text: bytes | bytearray, pos: int) -> int:
     """Where the whitespace at `pos` in `text` ends."""
     found = ex.space.match(text, pos)
     return pos if found is None else found.end()
