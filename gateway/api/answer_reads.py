@@ -29,7 +29,9 @@ too; its status alone tells what happened then, as for one over 64 KiB.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
 from gateway.api import json_syntax
@@ -187,8 +189,35 @@ class Unscanned(Exception):
 
     async def scanned(self) -> None:
         """Return once its syntax was scanned (its usage is unknown), or raise what
-        `check_readable` raises."""
-        await asyncio.to_thread(_check_unparsed, self._data, self._text, closed=self._closed)
+        `check_readable` raises. On threads of its own (`_SCANS`), not the loop's default
+        executor: a hostile backend's answers, each a second or more of scanning, took
+        every thread of that one, and the host name lookups of connections to the other
+        backends, config reloads and cosignature files queued behind them. Cancelled (its
+        client left), a scan not started is dropped; one running is waited for, as it
+        holds the answer the relay counts held (`limits.max_held_answer_bytes`) until it
+        ends (bounded: `json_syntax.MAX_STEPS`)."""
+        scan = _SCANS.submit(_check_unparsed, self._data, self._text, closed=self._closed)
+        try:
+            await asyncio.wrap_future(scan)
+        except asyncio.CancelledError:
+            if not scan.cancel():  # running (or ended): waited for, whatever cancels again
+                ended = asyncio.wrap_future(scan)
+                while not ended.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait([ended])
+                ended.exception()  # its verdict, moot now, taken (none logged as unread)
+                del ended
+            raise
+        finally:
+            # Its error's traceback holds this frame: a cycle through the future holding
+            # the error would keep the answer until the collector finds it.
+            del scan
+
+
+# Threads the syntax scans run on (`Unscanned.scanned`): two, as each holds the interpreter
+# but for the loop's turns (more would run no faster, and take more turns from the loop);
+# not daemons: a scan ends within `json_syntax.MAX_STEPS`, and the process waits for it.
+_SCANS: Final = ThreadPoolExecutor(2, thread_name_prefix="owngate-json-scan")
 
 
 def _check_unparsed(data: bytes, text: bytes, *, closed: bool) -> None:

@@ -129,6 +129,8 @@ UNPARSABLE = {
     "long-cut-short": _LONG[:-1],
     "long-control-character": _LONG.replace(b"xx", b"x\x01", 1),
     "deep-then-garbage": b'{"a":' + b"[" * 600 + b"x",
+    # more digits than `int` converts (4,300): the client's `json.loads` raises
+    "long-integer": _LONG[:-1] + b',"n":' + b"7" * 5000 + b"}",
 }
 
 
