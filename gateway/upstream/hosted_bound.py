@@ -6,7 +6,11 @@ bounds either. A hostile or compromised provider (or whoever answers at its URL)
 answering a 200 MB body grew `owngate serve` by 950 MB (VmHWM) before the gateway's own
 size check refused it, and one endless SSE line of 100 MB by 610 MB: a 2 GB answer would
 take the process down. `bounded_send` wraps httpx's (and httpx2's) `AsyncClient.send`
-during a watched hosted call (gateway/upstream/hosted_transport.py):
+during a watched hosted call (gateway/upstream/hosted_transport.py), and
+`bounded_send_sync` their `Client.send` the same way: LiteLLM serves some providers
+(`maritalk/`, `oobabooga/`, `nlp_cloud/`, `petals/`) only synchronously, in a worker
+thread that inherits the call's context, and read their answers whole, 48 MiB of it
+with a 1 MiB bound:
 
 - the request asks for `accept-encoding: identity`, and an answer in any other content
   coding is refused before a byte of it is read (a small gzip body can decode to
@@ -19,7 +23,7 @@ during a watched hosted call (gateway/upstream/hosted_transport.py):
   line is parsed whole) does the same; a stream with no blank line (NDJSON, binary) is
   one event. A stream's total is not bounded here: it is relayed as it comes
   (`limits.stream_timeout_s` bounds its time), in pieces of 4 KiB with a turn of the
-  event loop before each (`_PIECE`).
+  event loop before each (`_PIECE`; a sync stream has no event loop to turn).
 
 A request LiteLLM makes through aiohttp itself (its `ClientSession`, not httpx over its
 aiohttp transport) is refused before it is sent (`UNBOUNDED`): nothing would bound what
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -46,6 +50,7 @@ __all__ = [
     "UNBOUNDED",
     "AnswerTooLarge",
     "bounded_send",
+    "bounded_send_sync",
     "cut_kind",
     "in_bounded_send",
 ]
@@ -103,12 +108,7 @@ async def bounded_send(
     if outbound.on_head is not None:
         outbound.on_head()  # the head is in: a whole answer's body has its own time
     try:
-        coding = response.headers.get("content-encoding", "identity").strip().lower()
-        if coding not in ("", "identity"):
-            outbound.cut = NOT_IDENTITY
-            raise AnswerTooLarge(outbound.cut)
-        # an error answer to a stream is read whole too (the OpenAI SDK `aread`s it to raise)
-        whole = whole or not response.is_success
+        whole = _checked(response, whole, outbound)
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound)
         if whole:
             await response.aread()
@@ -118,49 +118,109 @@ async def bounded_send(
     return response
 
 
-def _bounded_stream(module: str, inner: Any, limit: int, whole: bool, outbound: Outbound) -> Any:
-    cls = _BOUNDED.get(module)
+def bounded_send_sync(
+    module: str,
+    method: Callable[..., Any],
+    outbound: Outbound,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """`bounded_send`'s twin for a sync `Client.send` (a provider LiteLLM serves only
+    synchronously, in a worker thread): the same bounds. `outbound.on_head` is not called
+    (it is the event loop's): such an answer's body has the head's time, as before."""
+    limit = outbound.max_bytes
+    assert limit is not None
+    request = args[1] if len(args) > 1 else kwargs["request"]
+    request.headers["accept-encoding"] = "identity"
+    whole = not kwargs.pop("stream", False)
+    response = method(*args, stream=True, **kwargs)
+    try:
+        whole = _checked(response, whole, outbound)
+        response.stream = _bounded_stream(module, response.stream, limit, whole, outbound, True)
+        if whole:
+            response.read()
+    except BaseException:
+        response.close()
+        raise
+    return response
+
+
+def _checked(response: Any, whole: bool, outbound: Outbound) -> bool:
+    """Refuse `response` unread if it is in a content coding; whether it is read whole
+    (asked so, or an error answer: the OpenAI SDK reads an error answer to a stream whole
+    to raise it)."""
+    coding = response.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        outbound.cut = NOT_IDENTITY
+        raise AnswerTooLarge(outbound.cut)
+    return whole or not response.is_success
+
+
+def _bounded_stream(
+    module: str, inner: Any, limit: int, whole: bool, outbound: Outbound, sync: bool = False
+) -> Any:
+    key = (module, sync)
+    cls = _BOUNDED.get(key)
     if cls is None:
         # loaded with LiteLLM already: this runs only inside a hosted call; a Response
-        # checks that its stream is its own module's AsyncByteStream
-        cls = _BOUNDED[module] = _bounded_class(importlib.import_module(module).AsyncByteStream)
-    return cls(inner, limit, whole, outbound)
+        # checks that its stream is its own module's (Async|Sync)ByteStream
+        http = importlib.import_module(module)
+        made = _sync_class(http.SyncByteStream) if sync else _async_class(http.AsyncByteStream)
+        cls = _BOUNDED[key] = made
+    return cls(_Meter(limit, whole, outbound), inner)
 
 
-# One class per HTTP module, made once: a class made per call is a reference cycle of its
-# own (a type holds itself), and its methods' closures held the answer's stream, its
-# response and the request sent (the prompt) until the cyclic collector ran.
-_BOUNDED: dict[str, Any] = {}
+# One class per HTTP module and kind, made once: a class made per call is a reference
+# cycle of its own (a type holds itself), and its methods' closures held the answer's
+# stream, its response and the request sent (the prompt) until the cyclic collector ran.
+_BOUNDED: dict[tuple[str, bool], Any] = {}
 
 
-def _bounded_class(base: Any) -> Any:
+class _Meter:
+    """What is read of one answer: its total (`whole`) or its unfinished SSE event,
+    checked against `limit` as each piece of a read is handed on."""
+
+    __slots__ = ("event", "last", "limit", "outbound", "total", "whole")
+
+    def __init__(self, limit: int, whole: bool, outbound: Outbound) -> None:
+        self.limit, self.whole, self.outbound = limit, whole, outbound
+        self.total = self.event = 0
+        self.last = b""
+
+    def pieces(self, read: bytes) -> Iterator[bytes]:
+        """`read` whole (a whole answer) or in pieces of `_PIECE` (a stream's), each
+        counted before it is handed on; `AnswerTooLarge` at the piece past the bound."""
+        limit, whole = self.limit, self.whole
+        step = len(read) if whole else _PIECE
+        for start in range(0, len(read), step or 1):
+            chunk = read[start : start + step] if step < len(read) else read
+            self.total += len(chunk)
+            if not whole:  # a whole answer's total bounds its events too
+                self.event = _event_after(self.event, self.last, chunk)
+                self.last = chunk[-1:] or self.last
+            if (whole and self.total > limit) or self.event > limit:
+                what = "an answer" if whole and self.total > limit else "a stream event"
+                self.outbound.cut = (
+                    f"sent {what} larger than {limit} bytes "
+                    "(limits.max_response_bytes; read no further)"
+                )
+                raise AnswerTooLarge(self.outbound.cut)
+            yield chunk
+
+
+def _async_class(base: Any) -> Any:
     class Bounded(base):  # type: ignore[misc]
-        def __init__(self, inner: Any, limit: int, whole: bool, outbound: Outbound) -> None:
-            self._inner: Any = inner
-            self._limit, self._whole, self._outbound = limit, whole, outbound
+        def __init__(self, meter: _Meter, inner: Any) -> None:
+            self._meter, self._inner = meter, inner
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
-            inner, limit, whole, outbound = self._inner, self._limit, self._whole, self._outbound
-            total = event = 0
-            last = b""
-            async for read in inner:
-                # a stream's read handed on in pieces, a turn of the event loop before
-                # each: the SDK parses every event of what it is given without awaiting
-                step = len(read) if whole else _PIECE
-                for start in range(0, len(read), step or 1):
-                    chunk = read[start : start + step] if step < len(read) else read
-                    total += len(chunk)
-                    if not whole:  # a whole answer's total bounds its events too
+            meter, stream = self._meter, not self._meter.whole
+            async for read in self._inner:
+                for chunk in meter.pieces(read):
+                    # a stream's read handed on in pieces, a turn of the event loop before
+                    # each: the SDK parses every event of what it is given without awaiting
+                    if stream:
                         await asyncio.sleep(0)
-                        event = _event_after(event, last, chunk)
-                        last = chunk[-1:] or last
-                    if (whole and total > limit) or event > limit:
-                        what = "an answer" if whole and total > limit else "a stream event"
-                        outbound.cut = (
-                            f"sent {what} larger than {limit} bytes "
-                            "(limits.max_response_bytes; read no further)"
-                        )
-                        raise AnswerTooLarge(outbound.cut)
                     yield chunk
 
         async def aclose(self) -> None:
@@ -172,6 +232,26 @@ def _bounded_class(base: Any) -> Any:
             # that reference cycle until the cyclic collector runs.
             self._inner = None
             await inner.aclose()
+
+    return Bounded
+
+
+def _sync_class(base: Any) -> Any:
+    class Bounded(base):  # type: ignore[misc]
+        def __init__(self, meter: _Meter, inner: Any) -> None:
+            self._meter, self._inner = meter, inner
+
+        def __iter__(self) -> Iterator[bytes]:
+            meter = self._meter
+            for read in self._inner:
+                yield from meter.pieces(read)
+
+        def close(self) -> None:
+            inner = self._inner
+            if inner is None:
+                return
+            self._inner = None  # as the async one's `aclose`
+            inner.close()
 
     return Bounded
 

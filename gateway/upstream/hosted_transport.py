@@ -26,7 +26,9 @@ What httpx reads of a watched call's answers is bounded by `limits.max_response_
 (gateway/upstream/hosted_bound.py): LiteLLM and the OpenAI SDK read a whole answer into
 memory, and a stream's lines whole, before the gateway sees any of it, so a hostile or
 compromised provider answering 2 GB (or one endless SSE line) grew the gateway by about
-five times that.
+five times that. Its sync `send` too: LiteLLM serves some providers (`maritalk/`,
+`oobabooga/`, `nlp_cloud/`, `petals/`) only synchronously, in a worker thread that
+inherits the call's context, and read their answers whole.
 
 Where a watched call's requests go is the call's to say, not the environment's
 (`install_call_routes`): an httpx client LiteLLM makes outside the factories
@@ -52,7 +54,13 @@ from contextvars import ContextVar
 from typing import Any, Final
 from weakref import WeakKeyDictionary
 
-from gateway.upstream.hosted_bound import UNBOUNDED, AnswerTooLarge, bounded_send, in_bounded_send
+from gateway.upstream.hosted_bound import (
+    UNBOUNDED,
+    AnswerTooLarge,
+    bounded_send,
+    bounded_send_sync,
+    in_bounded_send,
+)
 
 __all__ = [
     "AnswerTooLarge",
@@ -200,8 +208,9 @@ def install_transport_marks() -> None:
 
 
 def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = False) -> Any:
-    """`method` marking the watched call; `bounds`, the module of an async `send` (httpx,
-    httpx2) whose answers are bounded (gateway/upstream/hosted_bound.py); `bounded_only`:
+    """`method` marking the watched call; `bounds`, the module of a `send` (httpx, httpx2;
+    async, or sync in LiteLLM's worker thread) whose answers are bounded
+    (gateway/upstream/hosted_bound.py); `bounded_only`:
     an async request method (aiohttp's) that a bounded call may use only from within a
     bounded `send`, else it is refused unsent (`UNBOUNDED`)."""
     if inspect.iscoroutinefunction(method):
@@ -227,8 +236,11 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
         @functools.wraps(method)
         def marked(*args: Any, **kwargs: Any) -> Any:
             _mark()
-            if _WATCHED.get() is not None:  # a sync `send`: never a 3xx followed
+            outbound = _WATCHED.get()
+            if outbound is not None:  # a sync `send`: never a 3xx followed
                 kwargs["follow_redirects"] = False
+            if bounds and outbound is not None and outbound.max_bytes is not None:
+                return bounded_send_sync(bounds, method, outbound, *args, **kwargs)
             return method(*args, **kwargs)
 
         wrapper = marked

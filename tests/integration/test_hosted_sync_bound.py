@@ -1,0 +1,171 @@
+"""A hosted answer LiteLLM reads with its *sync* httpx client is bounded too
+(`limits.max_response_bytes`, gateway/upstream/hosted_bound.py).
+
+LiteLLM 1.108.7 serves some providers (`maritalk/`, `oobabooga/`, `nlp_cloud/`,
+`petals/`) only synchronously: `acompletion` runs their handler in a worker thread, which
+sends through `httpx.Client.send`. Only the async `send` was bounded, so such a
+provider's 48 MiB answer was read whole into memory and relayed. Asserted on what the
+provider managed to write, as in tests/integration/test_hosted_answer_bound.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gateway.upstream.hosted_bound import NOT_IDENTITY, AnswerTooLarge
+from gateway.upstream.hosted_transport import install_transport_marks, watching
+from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
+from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+from tests.integration.test_hosted_answer_bound import (
+    ANSWER_HEAD,
+    ANSWER_TAIL,
+    LIMIT,
+    LINE_HEAD,
+    TOO_LARGE,
+    flood,
+)
+
+pytestmark = LITELLM_WARNINGS
+
+
+def maritalk_gateway(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, provider: RawBackend
+) -> Gateway:
+    """A gateway whose one hosted backend is LiteLLM's `maritalk/` route at `provider`."""
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    backend = hosted_backend(
+        "hosted",
+        provider.url + "/v1",
+        provider="maritalk",
+        owner="maritalk",
+        models=[{"name": "m", "provider_model": "maritalk/m"}],
+    )
+    return start_gateway(
+        [backend],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        limits={"max_response_bytes": LIMIT},
+    )
+
+
+def _ask(gateway: Gateway) -> httpx.Response:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(
+        gateway.url + "/v1/chat/completions", json=body, headers=gateway.headers, timeout=120
+    )
+
+
+def test_a_sync_route_flood_is_read_no_further_than_the_bound(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # (A stream on these routes fails in LiteLLM 1.108.7 itself before a chunk: its async
+    # wrapper iterates their sync generator as an async one. The sync stream's bound is
+    # asserted below, on httpx's Client as LiteLLM uses it.)
+    written = [0]
+    provider = start_raw(flood(b"application/json", ANSWER_HEAD, ANSWER_TAIL, written))
+    gateway = maritalk_gateway(start_gateway, tmp_path, provider)
+    response = _ask(gateway)
+    assert provider.finished.wait(60)
+    assert provider.connections == 1  # it was this route that sent
+    # the bound, plus what the sockets' buffers on both sides hold on loopback
+    assert written[0] < LIMIT + 8 * 1024 * 1024, f"the gateway read {written[0]} bytes"
+    assert response.status_code == 502, response.text
+    assert TOO_LARGE in response.json()["error"]["message"]
+    assert b"xxxx" not in response.content
+
+
+def test_a_sync_route_answer_within_the_bound_is_served(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    content = "y" * (LIMIT - 4096)
+    answer = orjson.dumps(
+        {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
+    provider = start_raw(json_answer(answer))
+    gateway = maritalk_gateway(start_gateway, tmp_path, provider)
+    response = _ask(gateway)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == content
+
+
+def _read_all(client: httpx.Client, url: str, *, whole: bool) -> None:
+    """POST to `url` and read the answer, whole or as a stream line by line."""
+    if whole:
+        client.post(url, json={})
+        return
+    with client.stream("POST", url, json={}) as response:
+        for _ in response.iter_lines():
+            pass
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_sync_send_in_a_watched_call_is_bounded(
+    start_raw: Callable[[Answer], RawBackend], whole: bool
+) -> None:
+    # What LiteLLM's worker thread does: httpx's sync Client, in the call's context. A
+    # stream's endless first event, or a whole answer, is read no further than the bound.
+    install_transport_marks()  # as gateway/upstream/litellm_runtime.py does at load
+    written = [0]
+    provider = start_raw(flood(b"text/event-stream", LINE_HEAD, b'"}}]}\n\n', written))
+    url = provider.url + "/v1/chat/completions"
+    with (
+        watching(LIMIT) as outbound,
+        httpx.Client(timeout=60) as client,
+        pytest.raises(AnswerTooLarge),
+    ):
+        _read_all(client, url, whole=whole)
+    assert provider.finished.wait(60)
+    assert outbound.reached
+    assert outbound.cut is not None and f"larger than {LIMIT} bytes" in outbound.cut
+    assert written[0] < LIMIT + 8 * 1024 * 1024, f"read {written[0]} bytes"
+
+
+def test_a_sync_send_in_a_content_coding_is_refused_unread(
+    start_raw: Callable[[Answer], RawBackend],
+) -> None:
+    bomb = gzip.compress(ANSWER_HEAD + b"x" * (8 * LIMIT) + ANSWER_TAIL, compresslevel=9)
+    asked: list[bytes] = []
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        asked.extend(post.header_values(b"accept-encoding"))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(bomb), bomb)
+        )
+        await writer.drain()
+        return False
+
+    install_transport_marks()
+    provider = start_raw(answer)
+    with (
+        watching(LIMIT) as outbound,
+        httpx.Client(timeout=60) as client,
+        pytest.raises(AnswerTooLarge),
+    ):
+        client.post(provider.url + "/v1/chat/completions", json={})
+    assert asked == [b"identity"]
+    assert outbound.cut == NOT_IDENTITY
