@@ -80,6 +80,12 @@ _CALLS: Final[dict[str, str]] = {
 # OpenAI-compatible server's model, lost it on chat (never on completions). The gateway
 # forwards it (the tenant's digest, tenant_ids.py), as docs/api.md says, on these routes.
 _USER_ROUTES: Final = frozenset({"openai", "custom_openai", "openai_like"})
+# Routes LiteLLM 1.108.7 serves only synchronously (in a worker thread): it cannot stream
+# them (its async wrapper iterates their sync generator as an async one and fails after
+# the request went out), and the failed stream's provider connection was never closed, so
+# each streamed request held one open (a tenant repeating them ran the process out of
+# descriptors). A stream to them is refused unsent.
+_SYNC_ONLY_ROUTES: Final = frozenset({"maritalk", "oobabooga", "nlp_cloud", "petals"})
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
 
@@ -180,6 +186,8 @@ class HostedClient:
             if endpoint == "chat":  # what the provider would do beyond answering
                 refuse_provider_actions(doc)
             params, ignored = request_params(endpoint, doc)
+            if params.get("stream") and provider_model.partition("/")[0] in _SYNC_ONLY_ROUTES:
+                raise InvalidField("stream", "false for this provider's route (no streams)")
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
                 await check_media_urls(params, provider or self.provider, self._resolve)

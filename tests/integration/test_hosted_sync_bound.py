@@ -22,7 +22,7 @@ import pytest
 from gateway.upstream.hosted_bound import NOT_IDENTITY, AnswerTooLarge
 from gateway.upstream.hosted_transport import install_transport_marks, watching
 from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
-from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body, json_answer
 from tests.integration.test_hosted_answer_bound import (
     ANSWER_HEAD,
     ANSWER_TAIL,
@@ -110,6 +110,31 @@ def test_a_sync_route_answer_within_the_bound_is_served(
     response = _ask(gateway)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == content
+
+
+def test_a_stream_to_a_sync_route_is_refused_unsent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # LiteLLM 1.108.7 cannot stream these routes: the request went out, its stream failed
+    # before a chunk, and the provider connection it left open was never closed (one held
+    # per streamed request). Refused before anything is sent, naming the field.
+    provider = start_raw(json_answer(completion_body("ok")))
+    gateway = maritalk_gateway(start_gateway, tmp_path, provider)
+    for _ in range(3):
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        response = httpx.post(
+            gateway.url + "/v1/chat/completions", json=body, headers=gateway.headers, timeout=60
+        )
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "stream"
+        assert "not sent" in error["message"]
+    assert provider.connections == 0  # nothing reached the provider
+    response = _ask(gateway)  # a whole answer on the route is still served
+    assert response.status_code == 200, response.text
+    assert provider.connections == 1
 
 
 def _read_all(client: httpx.Client, url: str, *, whole: bool) -> None:
