@@ -53,6 +53,7 @@ from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
 from gateway.small_files import read_small_file
 from gateway.tls_options import harden, os_roots_context
+from gateway.upstream.tls_anchors import partial_chain
 
 __all__ = [
     "BackendTLS",
@@ -254,12 +255,6 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
     own_ca = settings is not None and settings.ca_file is not None
     # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
     context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else os_roots_context()
-    if own_ca:
-        # `ca_file`'s certificates are the anchors, also an issuing CA below the
-        # organisation's root: without this OpenSSL wanted the chain to end at a
-        # self-signed root, so the root (and so every CA it issued: users', other teams')
-        # had to be trusted to attest a backend's facts.
-        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.set_alpn_protocols(["http/1.1"])
     files: list[Path] = []
     read: list[str] = []  # each file's SHA-256, taken from the bytes read before loading it
@@ -279,6 +274,16 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
                 raise ValueError(
                     f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
                     "holds no PEM certificate"
+                ) from None
+            try:
+                # An issuing CA as an anchor of its own, its root absent (tls_anchors.py):
+                # the root (and every CA it issued: users', other teams') need not be
+                # trusted to attest a backend's facts.
+                if partial_chain(data):
+                    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            except ValueError as exc:
+                raise ValueError(
+                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: {exc}"
                 ) from None
         if settings.client_cert_file is not None and settings.client_key_file is not None:
             cert = config_dir / settings.client_cert_file
