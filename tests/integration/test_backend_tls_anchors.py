@@ -93,7 +93,11 @@ def _connect(url: str, tls: BackendTLS) -> str:
 
     async def run() -> str:
         pool, _ = HttpPool.for_url(
-            url, connect_timeout=5, first_byte_timeout=5, read_timeout=5, max_connections=2,
+            url,
+            connect_timeout=5,
+            first_byte_timeout=5,
+            read_timeout=5,
+            max_connections=2,
             tls=tls,
         )
         try:
@@ -189,7 +193,7 @@ def test_a_ca_file_mixing_a_lone_issuing_ca_with_a_root_and_its_ca_is_refused(
     (tmp_path / "ca.pem").write_bytes(_bundle(root, issuing, lone))
     tls = {"ca_file": "ca.pem"}
     settings = BackendSettings.model_validate(backend("gpu", "https://gpu:8443", "m", tls=tls))
-    with pytest.raises(ValueError, match="tls.ca_file") as refused:
+    with pytest.raises(ValueError, match=r"tls\.ca_file") as refused:
         backend_tls(settings, "gpu", tmp_path)
     assert "'CN=other team CA', trusted without its issuer, and 'CN=backends CA'" in str(
         refused.value
