@@ -210,6 +210,9 @@ def _pin(certificate: x509.Certificate) -> str:
     return "sha256//" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
 
 
+_ENCODING_DER = 2  # `_ssl.ENCODING_DER`, what `_ssl.Certificate.public_bytes` takes
+
+
 def _valid_until(ssl_object: ssl.SSLObject, leaf: x509.Certificate) -> float:
     """When the first certificate of the verified chain (the leaf, the CAs it was
     verified through, the trust anchor) expires, as POSIX time."""
@@ -218,10 +221,11 @@ def _valid_until(ssl_object: ssl.SSLObject, leaf: x509.Certificate) -> float:
     if chain is None:  # Python 3.10 to 3.12: the same method, on the C object only
         chain = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
     for cert in ([] if chain is None else chain() or [])[1:]:  # None: nothing verified
-        if isinstance(cert, bytes):  # DER, as 3.13's public method gives it
-            expires = x509.load_der_x509_certificate(cert).not_valid_after_utc.timestamp()
-        else:  # `_ssl.Certificate`: `notAfter` as `getpeercert()` writes it
-            expires = ssl.cert_time_to_seconds(cert.get_info()["notAfter"])
+        # DER as 3.13's public method gives it, or an `_ssl.Certificate`'s: never its
+        # `get_info()` text, whose URIs (CRL, OCSP) must be UTF-8 (a CA's byte above 0x7f
+        # refused every backend under it)
+        der = cert if isinstance(cert, bytes) else cert.public_bytes(_ENCODING_DER)
+        expires = x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
         until = min(until, expires)
     return until
 

@@ -12,7 +12,8 @@ import ipaddress
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from cryptography import x509
@@ -25,7 +26,7 @@ from gateway.pki import Issued
 from gateway.upstream.http import HttpPool, UpstreamError
 from gateway.upstream.tls import BackendTLS, backend_tls
 from tests.helpers.gateways import backend
-from tests.helpers.tls import Pki, TLSFront, server_context
+from tests.helpers.tls import Pki, TLSFront, patched, server_context
 from tests.helpers.tls_fixtures import pki, sim, start_front  # fixtures, used by name
 from tests.helpers.waiting import until_async
 
@@ -199,3 +200,38 @@ def test_a_ca_file_mixing_a_lone_issuing_ca_with_a_root_and_its_ca_is_refused(
         refused.value
     )
     assert "its issuer 'CN=org root'" in str(refused.value)
+
+
+def test_a_ca_with_a_uri_that_is_not_text_does_not_make_its_chain_unreadable(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # The chain's expiry (`Peer.until`) is read from each CA certificate OpenSSL
+    # verified: through `getpeercert()`-style text, a CRL distribution point of the
+    # organisation's CA with a byte above 0x7f (an IA5String a CA can still write, and
+    # OpenSSL accepts) raised UnicodeDecodeError, and every backend under that CA was
+    # refused as "cannot be read", which before it was not.
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "org root")])
+    now = datetime.now(UTC)
+    crl = x509.DistributionPoint(
+        [x509.UniformResourceIdentifier("http://crl.test/AA")], None, None, None
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(hours=24))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.CRLDistributionPoints([crl]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    signer = cast(Pki, SimpleNamespace(ca=Issued(b"", _pem(key))))
+    root = patched(
+        signer, Issued(cert.public_bytes(serialization.Encoding.PEM), b""), b"/AA", b"/\xff\xfe"
+    )
+    root_cert = root.certificate
+    leaf = _cert("gpu", (root_cert, key), ca=False)
+    assert _try(start_front, pki, tmp_path, root.cert_pem, _issued(*leaf)) == "ok"
