@@ -14,7 +14,7 @@ what it says of the first and what its issuer says of the second.
 from __future__ import annotations
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 
 __all__ = ["partial_chain"]
 
@@ -53,8 +53,10 @@ def _issued(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
         return False
     try:
         cert.verify_directly_issued_by(issuer)
-    except (ValueError, TypeError, InvalidSignature):
+    except InvalidSignature:  # another key under the same name (a CA renewed, say)
         return False
+    except (ValueError, TypeError, UnsupportedAlgorithm):  # a DSA key, say: unchecked,
+        return True  # taken as issued by it, so its issuer's limits bind it (no flag)
     return True
 
 
