@@ -234,6 +234,12 @@ class _Connection(asyncio.Protocol):
         peer, tls = self.peer, self.tls
         return peer is not None and tls is not None and tls.clock() >= peer.until
 
+    def unfit(self) -> bool:
+        """Whether a request it was handed for must not be written on it: kept alive and
+        out of step (`unread`), or lapsed, also a new one leased for a dispatch record
+        that took until past its certificate's expiry to write."""
+        return (self.reused and self.unread()) or self.lapsed()
+
     def unread(self) -> bool:
         """Whether bytes (or the backend's close) wait unread on this idle connection.
 

@@ -217,8 +217,8 @@ class HttpPool:
                     )
             if connection is not None:
                 connection._conn = None  # consumed: the response owns it now
-            if conn.reused and not conn.closed and (conn.unread() or conn.lapsed()):
-                conn.abort()  # out of step, or its certificate expired since it was leased
+            if attempt == 0 and not conn.closed and conn.unfit():
+                conn.abort()  # out of step, or its certificate expired since it was made
             if conn.closed:  # closed while it waited (a leased one, for its dispatch record)
                 self._forget(conn)
                 if attempt == 0:

@@ -53,6 +53,7 @@ from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
 from gateway.small_files import read_small_file
 from gateway.tls_options import harden, os_roots_context
+from gateway.upstream.tls_anchors import partial_chain
 
 __all__ = [
     "BackendTLS",
@@ -209,6 +210,9 @@ def _pin(certificate: x509.Certificate) -> str:
     return "sha256//" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
 
 
+_ENCODING_DER = 2  # `_ssl.ENCODING_DER`, what `_ssl.Certificate.public_bytes` takes
+
+
 def _valid_until(ssl_object: ssl.SSLObject, leaf: x509.Certificate) -> float:
     """When the first certificate of the verified chain (the leaf, the CAs it was
     verified through, the trust anchor) expires, as POSIX time."""
@@ -217,10 +221,11 @@ def _valid_until(ssl_object: ssl.SSLObject, leaf: x509.Certificate) -> float:
     if chain is None:  # Python 3.10 to 3.12: the same method, on the C object only
         chain = getattr(getattr(ssl_object, "_sslobj", None), "get_verified_chain", None)
     for cert in ([] if chain is None else chain() or [])[1:]:  # None: nothing verified
-        if isinstance(cert, bytes):  # DER, as 3.13's public method gives it
-            expires = x509.load_der_x509_certificate(cert).not_valid_after_utc.timestamp()
-        else:  # `_ssl.Certificate`: `notAfter` as `getpeercert()` writes it
-            expires = ssl.cert_time_to_seconds(cert.get_info()["notAfter"])
+        # DER as 3.13's public method gives it, or an `_ssl.Certificate`'s: never its
+        # `get_info()` text, whose URIs (CRL, OCSP) must be UTF-8 (a CA's byte above 0x7f
+        # refused every backend under it)
+        der = cert if isinstance(cert, bytes) else cert.public_bytes(_ENCODING_DER)
+        expires = x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
         until = min(until, expires)
     return until
 
@@ -254,12 +259,6 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
     own_ca = settings is not None and settings.ca_file is not None
     # PROTOCOL_TLS_CLIENT checks the chain and the name and trusts no roots until told.
     context = harden(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)) if own_ca else os_roots_context()
-    if own_ca:
-        # `ca_file`'s certificates are the anchors, also an issuing CA below the
-        # organisation's root: without this OpenSSL wanted the chain to end at a
-        # self-signed root, so the root (and so every CA it issued: users', other teams')
-        # had to be trusted to attest a backend's facts.
-        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.set_alpn_protocols(["http/1.1"])
     files: list[Path] = []
     read: list[str] = []  # each file's SHA-256, taken from the bytes read before loading it
@@ -279,6 +278,16 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
                 raise ValueError(
                     f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
                     "holds no PEM certificate"
+                ) from None
+            try:
+                # An issuing CA as an anchor of its own, its root absent (tls_anchors.py):
+                # the root (and every CA it issued: users', other teams') need not be
+                # trusted to attest a backend's facts.
+                if partial_chain(data):
+                    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            except ValueError as exc:
+                raise ValueError(
+                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: {exc}"
                 ) from None
         if settings.client_cert_file is not None and settings.client_key_file is not None:
             cert = config_dir / settings.client_cert_file

@@ -306,3 +306,38 @@ def test_a_leased_connection_whose_certificate_expired_meanwhile_carries_no_requ
 
     asyncio.run(run())
     assert [bytes(c.sent).count(b"GET /health ") for c in front.carried] == [1, 1]
+
+
+def test_a_new_leased_connection_whose_certificate_expired_meanwhile_carries_no_request(
+    start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
+) -> None:
+    # As above, with the connection made for this request rather than kept alive: it
+    # waited as long for the dispatch record, and was written on past its certificate's
+    # end. The reconnect finds a renewed certificate (another key): the request is not
+    # sent under the record's key, as for a stale leased connection.
+    first, renewed = pki.server(), pki.server()
+    front = start_front(server_context(pki, first))
+    wall = [datetime.now(UTC).timestamp()]
+    settings = _settings(front.url, pki.directory / "ca.pem")
+    tls = dataclasses.replace(backend_tls(settings, "127.0.0.1", tmp_path), clock=lambda: wall[0])
+
+    async def run() -> str:
+        pool = _pool(front.url, tls)
+        sockets = []
+        try:
+            leased = await pool.connect()  # a new connection, for the record
+            sockets.append(_socket(leased))
+            front.swap(server_context(pki, renewed), keep_open=True)
+            wall[0] = first.certificate.not_valid_after_utc.timestamp()
+            try:
+                response = await pool.request(b"GET", b"/health", [], b"", connection=leased)
+            except UpstreamError as exc:
+                return f"{exc.kind}: {exc.detail}"
+            await response.read()
+            return f"sent on {'the leased' if sockets[0].fileno() != -1 else 'another'} one"
+        finally:
+            await pool.close()
+            await _closed(sockets)
+
+    got = asyncio.run(run())
+    assert got == "closed: the backend presented another certificate on reconnecting"
