@@ -31,42 +31,21 @@ from tests.helpers.gateways import (
     Gateway,
     hosted_backend,
 )
+from tests.helpers.hosted_flood import (
+    ANSWER_HEAD,
+    ANSWER_TAIL,
+    LIMIT,
+    LINE_HEAD,
+    OFFERED,
+    PIECE,
+    TOO_LARGE,
+    flood,
+)
 from tests.helpers.log_capture import rendered_logs
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
-
-LIMIT = 1024 * 1024
-OFFERED = 48 * 1024 * 1024  # what the provider would send if the gateway read it all
-PIECE = b"x" * 65536
-ANSWER_HEAD = (
-    b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m",'
-    b'"choices":[{"index":0,"message":{"role":"assistant","content":"'
-)
-ANSWER_TAIL = b'"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
-LINE_HEAD = (
-    b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
-    b'"choices":[{"index":0,"delta":{"content":"'
-)
-
-
-def flood(content_type: bytes, head: bytes, tail: bytes, written: list[int]) -> Answer:
-    """An answer of `head`, OFFERED bytes of `x` and `tail`, chunked, as fast as it is
-    read; `written` counts the bytes the gateway took."""
-
-    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n" % content_type)
-        writer.write(b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(head), head))
-        for _ in range(OFFERED // len(PIECE)):
-            writer.write(b"%x\r\n%s\r\n" % (len(PIECE), PIECE))
-            await writer.drain()
-            written[0] += len(PIECE)
-        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(tail), tail))
-        await writer.drain()
-        return False
-
-    return answer
 
 
 def hosted_gateway(
@@ -79,9 +58,6 @@ def hosted_gateway(
         environ={"HOSTED_KEY": "test-key"},
         limits={"max_response_bytes": LIMIT},
     )
-
-
-TOO_LARGE = f"larger than the gateway relays ({LIMIT} bytes, limits.max_response_bytes)"
 
 
 @pytest.mark.parametrize("stream", [False, True])

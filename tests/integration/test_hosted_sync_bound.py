@@ -22,8 +22,7 @@ import pytest
 from gateway.upstream.hosted_bound import NOT_IDENTITY, AnswerTooLarge
 from gateway.upstream.hosted_transport import install_transport_marks, watching
 from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
-from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body, json_answer
-from tests.integration.test_hosted_answer_bound import (
+from tests.helpers.hosted_flood import (
     ANSWER_HEAD,
     ANSWER_TAIL,
     LIMIT,
@@ -31,6 +30,7 @@ from tests.integration.test_hosted_answer_bound import (
     TOO_LARGE,
     flood,
 )
+from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body, json_answer
 
 pytestmark = LITELLM_WARNINGS
 
