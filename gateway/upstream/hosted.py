@@ -84,8 +84,11 @@ _USER_ROUTES: Final = frozenset({"openai", "custom_openai", "openai_like"})
 # them (its async wrapper iterates their sync generator as an async one and fails after
 # the request went out), and the failed stream's provider connection was never closed, so
 # each streamed request held one open (a tenant repeating them ran the process out of
-# descriptors). A stream to them is refused unsent.
-_SYNC_ONLY_ROUTES: Final = frozenset({"maritalk", "oobabooga", "nlp_cloud", "petals"})
+# descriptors). A stream to them is refused unsent. `amazon_nova` is one: its handler is
+# maritalk's (`openai_like_chat_completion.completion`, never told `acompletion`).
+_SYNC_ONLY_ROUTES: Final = frozenset(
+    {"maritalk", "amazon_nova", "oobabooga", "nlp_cloud", "petals"}
+)
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
 

@@ -8,9 +8,9 @@ size check refused it, and one endless SSE line of 100 MB by 610 MB: a 2 GB answ
 take the process down. `bounded_send` wraps httpx's (and httpx2's) `AsyncClient.send`
 during a watched hosted call (gateway/upstream/hosted_transport.py), and
 `bounded_send_sync` their `Client.send` the same way: LiteLLM serves some providers
-(`maritalk/`, `oobabooga/`, `nlp_cloud/`, `petals/`) only synchronously, in a worker
-thread that inherits the call's context, and read their answers whole, 48 MiB of it
-with a 1 MiB bound:
+(`maritalk/`, `amazon_nova/`, `oobabooga/`, `nlp_cloud/`, `petals/`) only
+synchronously, in a worker thread that inherits the call's context, and read their
+answers whole, 48 MiB of it with a 1 MiB bound:
 
 - the request asks for `accept-encoding: identity`, and an answer in any other content
   coding is refused before a byte of it is read (a small gzip body can decode to

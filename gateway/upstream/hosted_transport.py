@@ -27,8 +27,8 @@ What httpx reads of a watched call's answers is bounded by `limits.max_response_
 memory, and a stream's lines whole, before the gateway sees any of it, so a hostile or
 compromised provider answering 2 GB (or one endless SSE line) grew the gateway by about
 five times that. Its sync `send` too: LiteLLM serves some providers (`maritalk/`,
-`oobabooga/`, `nlp_cloud/`, `petals/`) only synchronously, in a worker thread that
-inherits the call's context, and read their answers whole.
+`amazon_nova/`, `oobabooga/`, `nlp_cloud/`, `petals/`) only synchronously, in a worker
+thread that inherits the call's context, and read their answers whole.
 
 Where a watched call's requests go is the call's to say, not the environment's
 (`install_call_routes`): an httpx client LiteLLM makes outside the factories

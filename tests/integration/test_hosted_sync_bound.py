@@ -36,16 +36,20 @@ pytestmark = LITELLM_WARNINGS
 
 
 def maritalk_gateway(
-    start_gateway: Callable[..., Gateway], tmp_path: Path, provider: RawBackend
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    provider: RawBackend,
+    route: str = "maritalk",
 ) -> Gateway:
-    """A gateway whose one hosted backend is LiteLLM's `maritalk/` route at `provider`."""
+    """A gateway whose one hosted backend is LiteLLM's `maritalk/` route (or `route`) at
+    `provider`."""
     (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
     backend = hosted_backend(
         "hosted",
         provider.url + "/v1",
-        provider="maritalk",
-        owner="maritalk",
-        models=[{"name": "m", "provider_model": "maritalk/m"}],
+        provider=route,
+        owner=route,
+        models=[{"name": "m", "provider_model": f"{route}/m"}],
     )
     return start_gateway(
         [backend],
@@ -112,16 +116,20 @@ def test_a_sync_route_answer_within_the_bound_is_served(
     assert response.json()["choices"][0]["message"]["content"] == content
 
 
+@pytest.mark.parametrize("route", ["maritalk", "amazon_nova"])
 def test_a_stream_to_a_sync_route_is_refused_unsent(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
+    route: str,
 ) -> None:
     # LiteLLM 1.108.7 cannot stream these routes: the request went out, its stream failed
     # before a chunk, and the provider connection it left open was never closed (one held
     # per streamed request). Refused before anything is sent, naming the field.
+    # `amazon_nova/` runs maritalk's sync handler: its streams were sent (503) and each
+    # held its provider connection open.
     provider = start_raw(json_answer(completion_body("ok")))
-    gateway = maritalk_gateway(start_gateway, tmp_path, provider)
+    gateway = maritalk_gateway(start_gateway, tmp_path, provider, route)
     for _ in range(3):
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         response = httpx.post(
