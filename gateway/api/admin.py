@@ -76,10 +76,20 @@ def is_loopback(scope: Scope) -> bool:
     client = scope.get("client")
     if not client or any(name in _FORWARDING for name, _ in scope["headers"]):
         return False
+    return _loopback_address(client[0])
+
+
+def _loopback_address(text: str) -> bool:
+    """Whether `text` is a loopback address: 127.0.0.0/8, ::1, or an IPv4-mapped loopback
+    (`::ffff:127.0.0.1`: how a listener on `::` sees an IPv4 client of 127.0.0.1; Python
+    3.11's `is_loopback` says no to it, 3.13's yes)."""
     try:
-        return ipaddress.ip_address(client[0]).is_loopback
+        address = ipaddress.ip_address(text)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 # Sec-Fetch-Site values of a request the page's own origin sent, or a user typed.
@@ -120,12 +130,7 @@ def _loopback_host(host: str) -> bool:
         name, colon, port = host.partition(":")
         if colon and not (port.isascii() and port.isdigit()):
             return False
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return name == "localhost" or _loopback_address(name)
 
 
 def loopback_admitted(scope: Scope) -> bool:
@@ -167,25 +172,36 @@ def authorize(scope: Scope, settings: AdminSettings, roles: tuple[str, ...] = ()
 _METRICS_ROLES = ("operator",)  # `admin.tokens` roles that read /metrics (a scraper's)
 _METRICS_LOOPBACK_ONLY = (
     "/metrics answers loopback clients only (a loopback peer that sends a loopback or "
-    "localhost Host and no forwarding header): listen.metrics is 'admin' (the default) and "
-    "no admin token is configured; scrape with an operator token (admin.tokens), or set "
-    "listen.metrics: open to show it to anyone who reaches this listener"
+    "localhost Host, no forwarding header, and no Origin or Sec-Fetch-Site of another "
+    "site): listen.metrics is 'admin' (the default) and no admin token is configured; "
+    "scrape with an operator token (admin.tokens), or set listen.metrics: open to show it "
+    "to anyone who reaches this listener"
+)
+_METRICS_NO_READER = (
+    "/metrics answers a full-access or operator admin token (listen.metrics is 'admin', "
+    "the default), and no admin token configured here is one: add an operator token for "
+    "the scraper (admin.tokens), or set listen.metrics: open to show it to anyone who "
+    "reaches this listener"
 )
 
 
 def authorize_metrics(scope: Scope, settings: AdminSettings) -> None:
     """Return if the request may read `/metrics` under `listen.metrics: admin`; raise
     `GatewayError` otherwise. With admin access that reads it configured (a full-access
-    token, an `operator` token or `admin.allow_loopback`), as `authorize`; with none, a
-    loopback client (the socket's peer, never a header: `loopback_admitted`) may, so a
-    local Prometheus and the quickstart's curl read it, and everyone else is 403 naming
-    `listen.metrics`."""
+    token, an `operator` token or `admin.allow_loopback`), as `authorize`; with admin
+    tokens of other roles only, no one (403 naming `listen.metrics`): a configured token
+    says the source address admits no one, as behind a mesh sidecar every client is a
+    loopback one. With no admin access at all, a loopback client (the socket's peer, never
+    a header: `loopback_admitted`) may, so a local Prometheus and the quickstart's curl
+    read it, and everyone else is 403 naming `listen.metrics`."""
     if (
         settings.token_hashes
         or settings.allow_loopback
         or any(t.role in _METRICS_ROLES for t in settings.tokens)
     ):
         authorize(scope, settings, roles=_METRICS_ROLES)
+    elif settings.tokens:
+        raise GatewayError(ErrorCode.permission_denied, _METRICS_NO_READER)
     elif not loopback_admitted(scope):
         raise GatewayError(ErrorCode.permission_denied, _METRICS_LOOPBACK_ONLY)
 

@@ -251,17 +251,70 @@ def test_with_no_admin_access_a_remote_peer_is_refused_naming_the_setting(
     client: tuple[str, int], headers: dict[str, str]
 ) -> None:
     """A client that is not on a loopback address, whatever it sends, is 403 naming
-    `listen.metrics` when no admin access is configured (and so is one whose only admin
-    tokens are of roles that do not read /metrics); a loopback peer, IPv6 too, is let in."""
-    auditor_only = AdminSettings(
-        tokens=(AdminTokenSettings(hash=hash_api_key("auditor"), role="auditor"),)
-    )
-    for settings in (AdminSettings(), auditor_only):
+    `listen.metrics` when no admin access is configured; a loopback peer, IPv6 too, is
+    let in."""
+    with pytest.raises(GatewayError) as caught:
+        authorize_metrics(_scope(client, headers), AdminSettings())
+    assert caught.value.status == 403
+    assert "listen.metrics" in str(caught.value)
+    authorize_metrics(_scope(("::1", 40000), {}), AdminSettings())  # does not raise
+
+
+@pytest.mark.parametrize("role", ["auditor", "security"])
+@pytest.mark.parametrize(
+    "headers", [{}, {"host": "127.0.0.1:8080"}, {"authorization": f"Bearer {TENANT_KEY}"}]
+)
+def test_admin_tokens_of_other_roles_only_admit_no_loopback_client(
+    role: str, headers: dict[str, str]
+) -> None:
+    """With admin tokens configured, none of which reads /metrics (an `auditor` or
+    `security` token for the admin API), a loopback client, a tenant's key holder among
+    them, reads nothing: a configured token means the source address admits no one
+    (behind a mesh sidecar every client connects from 127.0.0.6). 403 naming
+    `listen.metrics`. Before, the loopback door stayed open and every tenant behind a
+    sidecar read every tenant's policy ids and counts."""
+    settings = AdminSettings(tokens=(AdminTokenSettings(hash=hash_api_key(role), role=role),))
+    for client in (("127.0.0.1", 40000), ("127.0.0.6", 40000), ("::1", 40000)):
         with pytest.raises(GatewayError) as caught:
             authorize_metrics(_scope(client, headers), settings)
-        assert caught.value.status == 403
+        assert caught.value.status == 403, client
         assert "listen.metrics" in str(caught.value)
-        authorize_metrics(_scope(("::1", 40000), {}), settings)  # does not raise
+        assert "operator" in str(caught.value)
+
+
+@pytest.mark.parametrize("peer", ["::ffff:127.0.0.1", "::ffff:127.0.0.5"])
+def test_an_ipv4_loopback_client_of_a_dual_stack_listener_is_a_loopback_client(
+    peer: str,
+) -> None:
+    """A listener on `::` sees an IPv4 client of 127.0.0.1 as `::ffff:127.0.0.1`: a
+    loopback peer (Python 3.11's `is_loopback` says no to it), so with no admin access
+    configured it reads /metrics; an IPv4-mapped address that is not loopback does not."""
+    authorize_metrics(_scope((peer, 40000), {"host": "127.0.0.1:8080"}), AdminSettings())
+    authorize_metrics(_scope((peer, 40000), {"host": "[::ffff:127.0.0.1]:8080"}), AdminSettings())
+    with pytest.raises(GatewayError) as caught:
+        authorize_metrics(_scope(("::ffff:203.0.113.9", 40000), {}), AdminSettings())
+    assert caught.value.status == 403
+
+
+def test_a_dual_stack_listener_answers_its_ipv4_loopback_client(
+    start_sim: Callable[..., Sim],
+) -> None:
+    """Over real sockets: `listen.host: "::"` (dual stack), no admin access configured; a
+    curl of http://127.0.0.1:PORT/metrics is a loopback client and reads the metrics
+    (before: 403 saying /metrics answers loopback clients only, which it was)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    config = _plain_config(sim, {})
+    try:
+        server = ServerThread(create_app(config, environ={}), host="::").start()
+    except OSError as exc:  # a host without IPv6
+        pytest.skip(f"no dual-stack listener here: {exc}")
+    try:
+        for url in (f"http://127.0.0.1:{server.port}", f"http://[::1]:{server.port}"):
+            response = httpx.get(f"{url}/metrics", timeout=10)
+            assert response.status_code == 200, (url, response.text)
+            assert "owngate_requests_total" in response.text
+    finally:
+        server.stop()
 
 
 def test_a_forwarded_loopback_request_is_no_loopback_client_under_allow_loopback() -> None:
