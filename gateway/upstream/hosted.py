@@ -85,9 +85,12 @@ _USER_ROUTES: Final = frozenset({"openai", "custom_openai", "openai_like"})
 # the request went out), and the failed stream's provider connection was never closed, so
 # each streamed request held one open (a tenant repeating them ran the process out of
 # descriptors). A stream to them is refused unsent. `amazon_nova` is one: its handler is
-# maritalk's (`openai_like_chat_completion.completion`, never told `acompletion`).
+# maritalk's (`openai_like_chat_completion.completion`, never told `acompletion`); so is
+# `custom` (a POST on LiteLLM's module-level sync client), whose stream was sent and
+# then failed, each failure charging the backend's breaker: one tenant's streams made
+# the backend "failed moments ago" for every tenant.
 _SYNC_ONLY_ROUTES: Final = frozenset(
-    {"maritalk", "amazon_nova", "oobabooga", "nlp_cloud", "petals"}
+    {"maritalk", "amazon_nova", "custom", "oobabooga", "nlp_cloud", "petals"}
 )
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"

@@ -116,19 +116,32 @@ def test_a_sync_route_answer_within_the_bound_is_served(
     assert response.json()["choices"][0]["message"]["content"] == content
 
 
-@pytest.mark.parametrize("route", ["maritalk", "amazon_nova"])
+# What LiteLLM's `custom/` route reads: its own shape, not OpenAI's.
+CUSTOM_BODY = orjson.dumps({"data": [{"prompt": "hi", "output": ["ok"]}], "message": "ok"})
+
+
+@pytest.mark.parametrize(
+    ("route", "answer"),
+    [
+        ("maritalk", completion_body("ok")),
+        ("amazon_nova", completion_body("ok")),
+        ("custom", CUSTOM_BODY),
+    ],
+)
 def test_a_stream_to_a_sync_route_is_refused_unsent(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     route: str,
+    answer: bytes,
 ) -> None:
     # LiteLLM 1.108.7 cannot stream these routes: the request went out, its stream failed
     # before a chunk, and the provider connection it left open was never closed (one held
     # per streamed request). Refused before anything is sent, naming the field.
     # `amazon_nova/` runs maritalk's sync handler: its streams were sent (503) and each
-    # held its provider connection open.
-    provider = start_raw(json_answer(completion_body("ok")))
+    # held its provider connection open. `custom/` sent its streams and failed them
+    # (503), opening the backend's breaker for every tenant's whole answers.
+    provider = start_raw(json_answer(answer))
     gateway = maritalk_gateway(start_gateway, tmp_path, provider, route)
     for _ in range(3):
         body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
