@@ -86,6 +86,12 @@ class AnswerTooLarge(Exception):
     further. The message holds only the bound, no byte of the answer."""
 
 
+# Why a sync read stopped: its call ended (timed out, cancelled) while LiteLLM's worker
+# thread, which no cancellation reaches, still read the answer, as long as the provider
+# kept sending (a byte a second held the thread, and its connection, for good).
+ABANDONED: Final = "was still being read after its call ended (read no further)"
+
+
 async def bounded_send(
     module: str,
     method: Callable[..., Awaitable[Any]],
@@ -135,6 +141,8 @@ def bounded_send_sync(
     whole = not kwargs.pop("stream", False)
     response = method(*args, stream=True, **kwargs)
     try:
+        if outbound.ended:  # its call ended while the head came in
+            raise AnswerTooLarge(ABANDONED)
         whole = _checked(response, whole, outbound)
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound, True)
         if whole:
@@ -244,6 +252,8 @@ def _sync_class(base: Any) -> Any:
         def __iter__(self) -> Iterator[bytes]:
             meter = self._meter
             for read in self._inner:
+                if meter.whole and meter.outbound.ended:  # `bounded_send_sync` reads it
+                    raise AnswerTooLarge(ABANDONED)
                 yield from meter.pieces(read)
 
         def close(self) -> None:

@@ -101,12 +101,14 @@ class Outbound:
     bounds what is read of each answer (None: unbounded); `proxy`, the backend's `proxy`
     its requests go through (None: straight to the provider); `cut` says why one was cut;
     `on_head`, when set, is called as a bounded answer's head has arrived (before its
-    body is read)."""
+    body is read); `ended` once the watched block is left (answered, failed, timed out or
+    cancelled): a sync read in LiteLLM's worker thread, which no cancellation reaches,
+    stops at its next read (gateway/upstream/hosted_bound.py)."""
 
-    __slots__ = ("cut", "max_bytes", "on_head", "proxy", "reached")
+    __slots__ = ("cut", "ended", "max_bytes", "on_head", "proxy", "reached")
 
     def __init__(self, max_bytes: int | None = None, proxy: str | None = None) -> None:
-        self.reached = False
+        self.reached = self.ended = False
         self.max_bytes = max_bytes
         self.proxy = proxy
         self.cut: str | None = None
@@ -127,6 +129,7 @@ def watching(max_bytes: int | None = None, proxy: str | None = None) -> Iterator
     try:
         yield outbound
     finally:
+        outbound.ended = True
         _WATCHED.reset(token)
 
 

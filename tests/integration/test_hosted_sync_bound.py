@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tests.helpers.hosted_flood import (
     flood,
 )
 from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body, json_answer
+from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
 
@@ -215,3 +217,59 @@ def test_a_sync_send_in_a_content_coding_is_refused_unread(
         client.post(provider.url + "/v1/chat/completions", json={})
     assert asked == [b"identity"]
     assert outbound.cut == NOT_IDENTITY
+
+
+def test_a_sync_read_stops_when_its_call_has_timed_out(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # LiteLLM reads a sync route's answer in a worker thread, which the call's timeout
+    # does not reach: the client had its 504, and the thread went on reading a provider
+    # that sent a byte every 50 ms for as long as it liked (holding a thread of the
+    # loop's default executor, which reloads and the admin API use, and the connection).
+    # It stops at its next read once the call has ended.
+    stop = threading.Event()
+    dripped = [0]
+
+    async def drip(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(ANSWER_HEAD), ANSWER_HEAD)
+        )
+        await writer.drain()
+        for _ in range(2400):  # 120 s at most
+            if stop.is_set():
+                break
+            await asyncio.sleep(0.05)
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()  # raises once the gateway dropped the connection
+            dripped[0] += 1
+        return False
+
+    provider = start_raw(drip)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    backend = hosted_backend(
+        "hosted",
+        provider.url + "/v1",
+        provider="maritalk",
+        owner="maritalk",
+        models=[{"name": "m", "provider_model": "maritalk/m"}],
+    )
+    gateway = start_gateway(
+        [backend],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        limits={"max_response_bytes": LIMIT, "first_byte_timeout_s": 1, "response_timeout_s": 2},
+    )
+    try:
+        response = _ask(gateway)
+        assert response.status_code == 504, response.text
+        # before: still read 10 s on (the drip goes on for 120 s)
+        until(
+            lambda: provider.ended == provider.connections == 1,
+            "the provider connection closed",
+            detail=lambda: f"{dripped[0]} bytes dripped and read",
+        )
+    finally:
+        stop.set()
