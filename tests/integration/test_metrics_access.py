@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -265,7 +265,7 @@ def test_with_no_admin_access_a_remote_peer_is_refused_naming_the_setting(
     "headers", [{}, {"host": "127.0.0.1:8080"}, {"authorization": f"Bearer {TENANT_KEY}"}]
 )
 def test_admin_tokens_of_other_roles_only_admit_no_loopback_client(
-    role: str, headers: dict[str, str]
+    role: Literal["auditor", "security"], headers: dict[str, str]
 ) -> None:
     """With admin tokens configured, none of which reads /metrics (an `auditor` or
     `security` token for the admin API), a loopback client, a tenant's key holder among
