@@ -39,7 +39,7 @@ from gateway.upstream.hosted_errors import (
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
-from gateway.upstream.hosted_transport import Outbound, watching
+from gateway.upstream.hosted_transport import Outbound, deadline_mover, watching
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
     aload_litellm,
@@ -283,8 +283,8 @@ class HostedClient:
                 head_by = now + self._timeout_s if by is None else min(by, now + self._timeout_s)
             # a TimeoutError is classified `timeout`
             async with asyncio.timeout_at(head_by) as deadline:
-                if head_by != by:
-                    outbound.on_head = partial(_extend, deadline, by)
+                if head_by != by:  # on this loop, or from LiteLLM's worker thread
+                    outbound.on_head = deadline_mover(deadline, by)
                 with lending(lent):
                     return await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
@@ -388,9 +388,3 @@ class HostedClient:
             raise failure
         finally:
             del failure  # not held by this frame, which its traceback holds (a cycle)
-
-
-def _extend(deadline: asyncio.Timeout, by: float | None) -> None:
-    """Move `deadline` to `by`, unless it has expired already (its cancel is on its way)."""
-    if not deadline.expired():
-        deadline.reschedule(by)

@@ -132,8 +132,9 @@ def bounded_send_sync(
     **kwargs: Any,
 ) -> Any:
     """`bounded_send`'s twin for a sync `Client.send` (a provider LiteLLM serves only
-    synchronously, in a worker thread): the same bounds. `outbound.on_head` is not called
-    (it is the event loop's): such an answer's body has the head's time, as before."""
+    synchronously, in a worker thread): the same bounds. `outbound.on_head` is called
+    from this thread (it hands the call's deadline to the event loop), so a whole answer's
+    body has its own time here too."""
     limit = outbound.max_bytes
     assert limit is not None
     request = args[1] if len(args) > 1 else kwargs["request"]
@@ -143,6 +144,8 @@ def bounded_send_sync(
     try:
         if outbound.ended:  # its call ended while the head came in
             raise AnswerTooLarge(ABANDONED)
+        if outbound.on_head is not None:
+            outbound.on_head()  # the head is in: a whole answer's body has its own time
         whole = _checked(response, whole, outbound)
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound, True)
         if whole:

@@ -44,6 +44,7 @@ client followed a 307 to any host, the prompt resent there).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import inspect
@@ -66,6 +67,7 @@ __all__ = [
     "AnswerTooLarge",
     "Outbound",
     "call_proxy",
+    "deadline_mover",
     "install_call_routes",
     "install_transport_marks",
     "watching",
@@ -131,6 +133,29 @@ def watching(max_bytes: int | None = None, proxy: str | None = None) -> Iterator
     finally:
         outbound.ended = True
         _WATCHED.reset(token)
+
+
+def deadline_mover(deadline: asyncio.Timeout, by: float | None) -> Callable[[], None]:
+    """An `Outbound.on_head` that moves `deadline` (of the running loop) to `by`, unless
+    it has expired already (its cancel is on its way): at once when called on that loop
+    (httpx's async read), else handed to it (the sync read in LiteLLM's worker thread)."""
+    loop = asyncio.get_running_loop()
+
+    def move() -> None:
+        if not deadline.expired():
+            deadline.reschedule(by)
+
+    def on_head() -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            move()
+        else:
+            loop.call_soon_threadsafe(move)
+
+    return on_head
 
 
 async def call_proxy(_transport: Any, _request: Any) -> str | None:

@@ -273,3 +273,47 @@ def test_a_sync_read_stops_when_its_call_has_timed_out(
         )
     finally:
         stop.set()
+
+
+def test_a_sync_routes_whole_answer_has_the_response_timeout_once_its_head_is_in(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # As on the async routes (docs/configuration.md, limits.first_byte_timeout_s): the
+    # head by the first-byte timeout, the body then within limits.response_timeout_s.
+    # The sync read never told the call its head was in, so a body that took longer than
+    # the first-byte timeout was a 504 well within the response timeout.
+    content = b"y" * 4096
+
+    async def slow_body(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        body = completion_body(content.decode())
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body)
+        )
+        await writer.drain()
+        for start in range(0, len(body), len(body) // 20 + 1):  # over about 2 s
+            await asyncio.sleep(0.1)
+            writer.write(body[start : start + len(body) // 20 + 1])
+            await writer.drain()
+        return False
+
+    provider = start_raw(slow_body)
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    backend = hosted_backend(
+        "hosted",
+        provider.url + "/v1",
+        provider="maritalk",
+        owner="maritalk",
+        models=[{"name": "m", "provider_model": "maritalk/m"}],
+    )
+    gateway = start_gateway(
+        [backend],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        limits={"max_response_bytes": LIMIT, "first_byte_timeout_s": 1, "response_timeout_s": 30},
+    )
+    response = _ask(gateway)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == content.decode()
