@@ -42,7 +42,7 @@ from tests.helpers.hosted_flood import (
     flood,
 )
 from tests.helpers.log_capture import rendered_logs
-from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer
+from tests.helpers.raw_backend import Answer, Post, RawBackend, completion_body, json_answer
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
@@ -207,23 +207,7 @@ def test_an_answer_within_the_bound_is_served(
     tmp_path: Path,
 ) -> None:
     content = "y" * (LIMIT - 4096)
-    answer = orjson.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    )
-    provider = start_raw(json_answer(answer))
+    provider = start_raw(json_answer(completion_body(content)))
     gateway = hosted_gateway(start_gateway, tmp_path, provider)
     response = httpx.post(
         gateway.url + "/v1/chat/completions",

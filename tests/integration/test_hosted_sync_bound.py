@@ -95,23 +95,7 @@ def test_a_sync_route_answer_within_the_bound_is_served(
     tmp_path: Path,
 ) -> None:
     content = "y" * (LIMIT - 4096)
-    answer = orjson.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        }
-    )
-    provider = start_raw(json_answer(answer))
+    provider = start_raw(json_answer(completion_body(content)))
     gateway = maritalk_gateway(start_gateway, tmp_path, provider)
     response = _ask(gateway)
     assert response.status_code == 200, response.text
