@@ -42,9 +42,10 @@ def maritalk_gateway(
     tmp_path: Path,
     provider: RawBackend,
     route: str = "maritalk",
+    **limits: float,
 ) -> Gateway:
     """A gateway whose one hosted backend is LiteLLM's `maritalk/` route (or `route`) at
-    `provider`."""
+    `provider`, with `max_response_bytes` LIMIT and the other `limits` given."""
     (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
     backend = hosted_backend(
         "hosted",
@@ -57,7 +58,7 @@ def maritalk_gateway(
         [backend],
         policy={"paths": [str(tmp_path)]},
         environ={"HOSTED_KEY": "test-key"},
-        limits={"max_response_bytes": LIMIT},
+        limits={"max_response_bytes": LIMIT, **limits},
     )
 
 
@@ -232,19 +233,12 @@ def test_a_sync_read_stops_when_its_call_has_timed_out(
         return False
 
     provider = start_raw(drip)
-    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
-    backend = hosted_backend(
-        "hosted",
-        provider.url + "/v1",
-        provider="maritalk",
-        owner="maritalk",
-        models=[{"name": "m", "provider_model": "maritalk/m"}],
-    )
-    gateway = start_gateway(
-        [backend],
-        policy={"paths": [str(tmp_path)]},
-        environ={"HOSTED_KEY": "test-key"},
-        limits={"max_response_bytes": LIMIT, "first_byte_timeout_s": 1, "response_timeout_s": 2},
+    gateway = maritalk_gateway(
+        start_gateway,
+        tmp_path,
+        provider,
+        first_byte_timeout_s=1,
+        response_timeout_s=2,
     )
     try:
         response = _ask(gateway)
@@ -284,19 +278,12 @@ def test_a_sync_routes_whole_answer_has_the_response_timeout_once_its_head_is_in
         return False
 
     provider = start_raw(slow_body)
-    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
-    backend = hosted_backend(
-        "hosted",
-        provider.url + "/v1",
-        provider="maritalk",
-        owner="maritalk",
-        models=[{"name": "m", "provider_model": "maritalk/m"}],
-    )
-    gateway = start_gateway(
-        [backend],
-        policy={"paths": [str(tmp_path)]},
-        environ={"HOSTED_KEY": "test-key"},
-        limits={"max_response_bytes": LIMIT, "first_byte_timeout_s": 1, "response_timeout_s": 30},
+    gateway = maritalk_gateway(
+        start_gateway,
+        tmp_path,
+        provider,
+        first_byte_timeout_s=1,
+        response_timeout_s=30,
     )
     response = _ask(gateway)
     assert response.status_code == 200, response.text
