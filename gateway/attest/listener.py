@@ -39,6 +39,7 @@ from pathlib import Path
 from gateway.attest.protocol import Listener
 from gateway.attest.tls_alert import AlertingContext
 from gateway.tls_options import harden
+from gateway.upstream.tls_anchors import partial_chain
 
 __all__ = ["SHUTDOWN_TIMEOUT_S", "TlsAcceptor", "listener_context"]
 
@@ -54,14 +55,23 @@ def listener_context(
 ) -> ssl.SSLContext:
     """A server context presenting `cert_file` (PEM, may hold the chain) with its
     unencrypted `key_file`; with `client_ca`, a client certificate chaining to it is
-    required. A client it refuses is sent the handshake's alert, so it reads why
-    (`AlertingContext`). OSError or ssl.SSLError when a file is missing or does not fit."""
+    required: the file's CAs anchor chains as a backend's `tls.ca_file` does
+    (`tls_anchors.partial_chain`), so an issuing CA named without its root admits what it
+    issued and nothing its root's other CAs did. A client it refuses is sent the handshake's
+    alert, so it reads why (`AlertingContext`). OSError or ssl.SSLError when a file is
+    missing or does not fit; ValueError for a `client_ca` mixing a lone CA with a root and
+    a CA below it (its text names both)."""
     context = harden(AlertingContext(ssl.PROTOCOL_TLS_SERVER))
     context.set_alpn_protocols(["http/1.1"])
     # An encrypted key fails here (the empty passphrase does not open it), never prompts.
     context.load_cert_chain(cert_file, key_file, password=b"")
     if client_ca is not None:
         context.load_verify_locations(cafile=client_ca)
+        # Before, a chain had to end at a self-signed root: the issuing CA the docs advise
+        # naming admitted no client unless its root was in the file too, and then every
+        # client certificate of the root's other CAs was admitted with it.
+        if partial_chain(client_ca.read_bytes()):
+            context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 

@@ -166,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
         except (OSError, ssl.SSLError) as exc:
             print(f"owngate attest: TLS files not usable: {exc}", file=sys.stderr)
             return 1
+        except ValueError as exc:  # a --client-ca whose anchors contradict (tls_anchors)
+            print(f"owngate attest: --client-ca {args.client_ca}: {exc}", file=sys.stderr)
+            return 2
     settings = AttestSettings(
         backend=args.backend,
         key_file=Path(args.key),

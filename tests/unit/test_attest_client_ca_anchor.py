@@ -1,0 +1,159 @@
+"""`owngate attest --client-ca` anchors chains as a backend's `tls.ca_file` does
+(gateway/upstream/tls_anchors.py): an issuing CA named without its root admits the client
+certificates it issued and none of its root's other CAs'; a root still binds the CAs
+below it; a file mixing the two is refused when the sidecar starts. Handshakes run over
+memory buffers (`ssl.MemoryBIO`), no socket."""
+
+from __future__ import annotations
+
+import ssl
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gateway.attest import listener_context
+from gateway.cli.main import main
+
+Signer = tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
+_ROUNDS = 20  # handshake flights: TLS 1.3 with a client certificate takes three
+
+
+def _cert(name: str, issuer: Signer | None, *, ca: bool, client: bool = False) -> Signer:
+    """A certificate for `name` signed by `issuer` (None: self-signed): a CA's, or an end
+    certificate for TLS clients (`client`) or for the server 127.0.0.1."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    signer_cert, signer_key = issuer if issuer is not None else (None, key)
+    now = datetime.now(UTC)
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject if signer_cert is None else signer_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(hours=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+    )
+    if signer_cert is not None:
+        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(signer_key.public_key())
+        builder = builder.add_extension(aki, critical=False)
+    if ca:
+        cert_sign = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
+        builder = builder.add_extension(cert_sign, critical=True)
+    else:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    return builder.sign(signer_key, hashes.SHA256()), key
+
+
+def _pem(*certs: Signer) -> bytes:
+    return b"".join(cert.public_bytes(serialization.Encoding.PEM) for cert, _ in certs)
+
+
+def _write(directory: Path, stem: str, leaf: Signer, *chain: Signer) -> tuple[Path, Path]:
+    cert, key = directory / f"{stem}.pem", directory / f"{stem}-key.pem"
+    cert.write_bytes(_pem(leaf, *chain))
+    key.write_bytes(
+        leaf[1].private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert, key
+
+
+def _admitted(server: ssl.SSLContext, directory: Path, client: Signer, *chain: Signer) -> bool:
+    """Whether the server side of `server` completes a handshake with a client presenting
+    `client` (and `chain` after it), over memory buffers."""
+    cert, key = _write(directory, "client", client, *chain)
+    outbound = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    outbound.check_hostname = False
+    outbound.verify_mode = ssl.CERT_NONE  # the server's side is what is judged here
+    outbound.load_cert_chain(cert, key)
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server_in, server_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    near = outbound.wrap_bio(to_client, to_server)
+    far = server.wrap_bio(server_in, server_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(_ROUNDS):
+        for side, tls in (("client", near), ("server", far)):
+            if done[side]:
+                continue
+            try:
+                tls.do_handshake()
+                done[side] = True
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                pass
+            except ssl.SSLError:
+                return False
+        server_in.write(to_server.read())
+        to_client.write(server_out.read())
+        if done["server"]:
+            return True
+    raise AssertionError(f"no verdict after {_ROUNDS} flights")
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Signer]:
+    root = _cert("org root", None, ca=True)
+    gateways = _cert("gateways CA", root, ca=True)
+    users = _cert("users CA", root, ca=True)
+    return {"root": root, "gateways": gateways, "users": users}
+
+
+def _sidecar(tmp_path: Path, pki: dict[str, Signer], ca_file: bytes) -> ssl.SSLContext:
+    (tmp_path / "client-ca.pem").write_bytes(ca_file)
+    cert, key = _write(tmp_path, "sidecar", _cert("127.0.0.1", pki["root"], ca=False))
+    return listener_context(cert, key, tmp_path / "client-ca.pem")
+
+
+def test_an_issuing_ca_alone_admits_the_clients_it_issued(
+    tmp_path: Path, pki: dict[str, Signer]
+) -> None:
+    """Before: refused (`unable to get issuer certificate`), so the only working file was
+    the root's, which admits the other CAs' clients too (next test)."""
+    server = _sidecar(tmp_path, pki, _pem(pki["gateways"]))
+    gateway = _cert("gateway", pki["gateways"], ca=False, client=True)
+    assert _admitted(server, tmp_path, gateway)
+    assert _admitted(server, tmp_path, gateway, pki["gateways"])
+
+
+def test_an_issuing_ca_alone_admits_none_of_its_roots_other_cas_clients(
+    tmp_path: Path, pki: dict[str, Signer]
+) -> None:
+    server = _sidecar(tmp_path, pki, _pem(pki["gateways"]))
+    user = _cert("someone", pki["users"], ca=False, client=True)
+    assert not _admitted(server, tmp_path, user, pki["users"])
+    assert not _admitted(server, tmp_path, user, pki["users"], pki["root"])
+
+
+def test_a_root_admits_every_ca_below_it_as_before(tmp_path: Path, pki: dict[str, Signer]) -> None:
+    """What naming the root means, unchanged (a guard for the test above)."""
+    server = _sidecar(tmp_path, pki, _pem(pki["root"]))
+    user = _cert("someone", pki["users"], ca=False, client=True)
+    assert _admitted(server, tmp_path, user, pki["users"])
+    assert not _admitted(server, tmp_path, user)  # its CA neither sent nor trusted
+
+
+def test_a_client_ca_mixing_a_lone_ca_with_a_root_and_its_ca_is_refused(
+    tmp_path: Path, pki: dict[str, Signer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lone = _cert("other team CA", _cert("other root", None, ca=True), ca=True)
+    mixed = _pem(pki["root"], pki["gateways"], lone)
+    with pytest.raises(ValueError, match="other team CA"):
+        _sidecar(tmp_path, pki, mixed)
+    cert, key = tmp_path / "sidecar.pem", tmp_path / "sidecar-key.pem"
+    argv = ["attest", "--listen", "127.0.0.1:0", "--backend", "http://127.0.0.1:9"]
+    argv += ["--key", str(tmp_path / "absent.key"), "--log", str(tmp_path / "log")]
+    argv += ["--tls-cert", str(cert), "--tls-key", str(key)]
+    argv += ["--client-ca", str(tmp_path / "client-ca.pem")]
+    assert main(argv) == 2
+    assert "--client-ca" in capsys.readouterr().err
