@@ -24,8 +24,10 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
   type `image_embeds` / `audio_embeds` (serialized tensors the server deserializes:
   GHSA-mrw7-hf4f-83pf, GHSA-pmqf-x6x8-p7qw), `logits_processors` (classes imported by
   name), `kv_transfer_params` and SGLang's `bootstrap_host` (hosts the server connects
-  to for KV cache), SGLang's `custom_logit_processor` (serialized Python), fields naming a
-  path or file (`*_path`: `lora_path`, a fork's `save_kvcache_path`);
+  to for KV cache), vLLM's `ec_transfer_params` (the host, port and memory address it
+  fetches an image's encoder output from), SGLang's `custom_logit_processor`
+  (serialized Python), fields naming a path or file (`*_path`: `lora_path`, a fork's
+  `save_kvcache_path`);
 - **another request's place on the server**: client-chosen request ids (`request_id`,
   SGLang's `rid`: a duplicate collides with another tenant's request), scheduling
   (`priority`, a data-parallel rank, llama.cpp's `id_slot`), which would let one tenant
@@ -93,6 +95,9 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "prompt_embeds": _SERVER,
     "logits_processors": _SERVER,
     "kv_transfer_params": _SERVER,
+    # encoder-cache disaggregation (EPD): a consumer fetches an image's encoder output
+    # from the host, port and memory address named per media hash (Mooncake EC connector)
+    "ec_transfer_params": _SERVER,
     "vllm_xargs": _SERVER,
     "request_id": _PLACE,
     "priority": _PLACE,

@@ -57,6 +57,11 @@ def post(gateway: Gateway, path: str, body: bytes) -> httpx.Response:
             {"kv_transfer_params": {"remote_host": "x"}},
             "kv_transfer_params",
         ),
+        (
+            "/v1/completions",
+            {"ec_transfer_params": {"mm-hash": {"remote_host": "x", "remote_port": 1}}},
+            "ec_transfer_params",
+        ),
         ("/v1/embeddings", {"chat_template": LOOP}, "chat_template"),
         ("/v1/chat/completions", {"id_slot": 0}, "id_slot"),
         (

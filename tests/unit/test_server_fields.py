@@ -60,6 +60,11 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
             "kv_transfer_params",
             "code, files or network",
         ),
+        (
+            {"ec_transfer_params": {"mm-hash": {"remote_host": "10.0.0.1", "remote_port": 1}}},
+            "ec_transfer_params",
+            "code, files or network",
+        ),
         ({"bootstrap_host": "10.0.0.1"}, "bootstrap_host", "code, files or network"),
         ({"custom_logit_processor": "gASV"}, "custom_logit_processor", "code, files or network"),
         ({"save_kvcache_path": "/etc/passwd"}, "save_kvcache_path", "code, files or network"),
