@@ -14,7 +14,8 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
   `chat_template_kwargs` overriding the renderer's own arguments: `chat_template`,
   `tokenize`, `padding` to a `max_length`; per-request media processing that turns one
   image into more tokens than `MEDIA_ALLOWANCE`: vLLM's `mm_processor_kwargs` and
-  `media_io_kwargs` (every frame of a video), SGLang's
+  `media_io_kwargs` (every frame of a video); vLLM's `padding` on an embeddings request,
+  `max_length` padding its prompt to the model's whole length; SGLang's
   `images_config`, `max_dynamic_patch`; an SGLang session that prepends earlier
   requests' context, another tenant's included);
 - **other weights**: a LoRA adapter chosen in the body (llama.cpp's `lora`, SGLang's
@@ -92,6 +93,7 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "chat_template": _PROMPT,
     "mm_processor_kwargs": _PROMPT,
     "media_io_kwargs": _PROMPT,  # per-request decoding: {"video": {"num_frames": -1}}
+    "padding": _PROMPT,  # pooling requests: "max_length" pads to the model's whole length
     "prompt_embeds": _SERVER,
     "logits_processors": _SERVER,
     "kv_transfer_params": _SERVER,
