@@ -85,8 +85,10 @@ _RELAYABLE_TYPE: Final = re.compile(rb"[\x20-\x7e\t]{1,256}")
 _UNRELAYABLE_TYPE: Final = (
     "a content-type header the gateway does not relay (over 256 bytes, or not visible ASCII)"
 )
-# The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`).
-_SALTED: Final = frozenset({"chat", "completions"})
+# The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`):
+# embeddings too (vLLM's pooling requests read `cache_salt`, and a causal embedding
+# model's prompts share the prefix cache).
+_SALTED: Final = frozenset({"chat", "completions", "embeddings"})
 
 
 class PrivateRelay:

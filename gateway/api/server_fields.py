@@ -14,7 +14,8 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
   `chat_template_kwargs` overriding the renderer's own arguments: `chat_template`,
   `tokenize`, `padding` to a `max_length`; per-request media processing that turns one
   image into more tokens than `MEDIA_ALLOWANCE`: vLLM's `mm_processor_kwargs` and
-  `media_io_kwargs` (every frame of a video), SGLang's
+  `media_io_kwargs` (every frame of a video); vLLM's `padding` on an embeddings request,
+  `max_length` padding its prompt to the model's whole length; SGLang's
   `images_config`, `max_dynamic_patch`; an SGLang session that prepends earlier
   requests' context, another tenant's included);
 - **other weights**: a LoRA adapter chosen in the body (llama.cpp's `lora`, SGLang's
@@ -24,8 +25,10 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
   type `image_embeds` / `audio_embeds` (serialized tensors the server deserializes:
   GHSA-mrw7-hf4f-83pf, GHSA-pmqf-x6x8-p7qw), `logits_processors` (classes imported by
   name), `kv_transfer_params` and SGLang's `bootstrap_host` (hosts the server connects
-  to for KV cache), SGLang's `custom_logit_processor` (serialized Python), fields naming a
-  path or file (`*_path`: `lora_path`, a fork's `save_kvcache_path`);
+  to for KV cache), vLLM's `ec_transfer_params` (the host, port and memory address it
+  fetches an image's encoder output from), SGLang's `custom_logit_processor`
+  (serialized Python), fields naming a path or file (`*_path`: `lora_path`, a fork's
+  `save_kvcache_path`);
 - **another request's place on the server**: client-chosen request ids (`request_id`,
   SGLang's `rid`: a duplicate collides with another tenant's request), scheduling
   (`priority`, a data-parallel rank, llama.cpp's `id_slot`), which would let one tenant
@@ -90,9 +93,13 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "chat_template": _PROMPT,
     "mm_processor_kwargs": _PROMPT,
     "media_io_kwargs": _PROMPT,  # per-request decoding: {"video": {"num_frames": -1}}
+    "padding": _PROMPT,  # pooling requests: "max_length" pads to the model's whole length
     "prompt_embeds": _SERVER,
     "logits_processors": _SERVER,
     "kv_transfer_params": _SERVER,
+    # encoder-cache disaggregation (EPD): a consumer fetches an image's encoder output
+    # from the host, port and memory address named per media hash (Mooncake EC connector)
+    "ec_transfer_params": _SERVER,
     "vllm_xargs": _SERVER,
     "request_id": _PLACE,
     "priority": _PLACE,

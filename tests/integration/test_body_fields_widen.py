@@ -80,6 +80,13 @@ def private(
             b'"kv_transfer_params": {"do_remote_prefill": true, "remote_host": "decoy.example"}',
             "kv_transfer_params",
         ),
+        # vLLM's encoder-cache disaggregation (EPD): a consumer fetches an image's encoder
+        # output by its hash from the host, port and memory address the params name
+        (
+            b'"ec_transfer_params": {"mm-hash": {"do_remote_encode": true, '
+            b'"remote_host": "decoy.example", "remote_port": 5557, "mm_base_addr": 0}}',
+            "ec_transfer_params",
+        ),
         (b'"bootstrap_host": "decoy.example", "bootstrap_room": 1', "bootstrap_host"),
         (b'"custom_logit_processor": "gASV..."', "custom_logit_processor"),
     ],

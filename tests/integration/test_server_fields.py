@@ -57,7 +57,15 @@ def post(gateway: Gateway, path: str, body: bytes) -> httpx.Response:
             {"kv_transfer_params": {"remote_host": "x"}},
             "kv_transfer_params",
         ),
+        (
+            "/v1/completions",
+            {"ec_transfer_params": {"mm-hash": {"remote_host": "x", "remote_port": 1}}},
+            "ec_transfer_params",
+        ),
         ("/v1/embeddings", {"chat_template": LOOP}, "chat_template"),
+        # vLLM pads an embeddings prompt to the model's whole length: two bytes of input
+        # become thousands of tokens, charged as two
+        ("/v1/embeddings", {"padding": "max_length"}, "padding"),
         ("/v1/chat/completions", {"id_slot": 0}, "id_slot"),
         (
             "/v1/chat/completions",

@@ -391,6 +391,46 @@ def test_a_tenant_shares_no_prefix_cache_with_another_on_a_salted_backend(
     assert plain.app.captured("/v1/chat/completions")[-1].body == sent
 
 
+def test_a_tenant_shares_no_prefix_cache_with_another_through_embeddings(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
+) -> None:
+    """vLLM's embeddings requests read `cache_salt` as its chat requests do (its pooling
+    requests' `PoolingBasicRequestMixin`), and an embedding model whose pooling is
+    causal keeps its prompts' prefixes in the same prefix cache, shared by every tenant
+    unless salted. On a backend declared `isolate_prefix_cache` the gateway salted chat
+    and completion bodies only: an embeddings body went out as the client wrote it,
+    unsalted (every tenant in one partition, so one tenant's latency told it whether
+    another had embedded the same beginning lately), or with whatever salt the client
+    wrote, another tenant's included (computable from its tenant id). Now it is salted
+    like the others."""
+    salted = start_sim("vllm", models=("m",), zero_latency=True)
+    gateway = start_gateway(
+        [{**backend("salted", salted.url, "m"), "isolate_prefix_cache": True}],
+        tenants=TWO_TENANTS,
+    )
+    document = "Discharge summary of the other tenant's patient, Dana, ward 4: " * 4
+
+    def embed(key: str, **extra: Any) -> None:
+        response = httpx.post(
+            f"{gateway.url}/v1/embeddings",
+            json={"model": "m", "input": document, **extra},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+
+    embed(OTHER_KEY)
+    embed(TENANT_KEY)
+    embed(TENANT_KEY, cache_salt="their-salt")
+    embed(OTHER_KEY, cache_salt="their-salt")
+    bodies = [orjson.loads(r.body) for r in salted.app.captured("/v1/embeddings")]
+    salts = [b.get("cache_salt") for b in bodies]
+    assert None not in salts, salts  # every embeddings body is salted
+    assert len(set(salts)) == 4, salts  # two tenants, with and without a salt of their own
+    assert "their-salt" not in str(salts)
+    assert all(b["input"] == document and b["model"] == "m" for b in bodies)
+
+
 def test_one_tenants_waiting_requests_leave_the_other_tenants_room_in_the_queue(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway]
 ) -> None:

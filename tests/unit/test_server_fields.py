@@ -45,6 +45,8 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
         ),
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize", "prompt"),
         ({"mm_processor_kwargs": {"min_pixels": 10**9}}, "mm_processor_kwargs", "prompt"),
+        # vLLM's pooling requests: the prompt padded to the model's whole length
+        ({"input": "hi", "padding": "max_length"}, "padding", "prompt"),
         ({"media_io_kwargs": {"video": {"num_frames": -1}}}, "media_io_kwargs", "prompt"),
         ({"images_config": {"max_pixels": 10**9}}, "images_config", "prompt"),
         ({"max_dynamic_patch": 10**4}, "max_dynamic_patch", "prompt"),
@@ -58,6 +60,11 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
         (
             {"kv_transfer_params": {"remote_host": "10.0.0.1"}},
             "kv_transfer_params",
+            "code, files or network",
+        ),
+        (
+            {"ec_transfer_params": {"mm-hash": {"remote_host": "10.0.0.1", "remote_port": 1}}},
+            "ec_transfer_params",
             "code, files or network",
         ),
         ({"bootstrap_host": "10.0.0.1"}, "bootstrap_host", "code, files or network"),
