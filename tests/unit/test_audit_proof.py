@@ -11,6 +11,7 @@ import io
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,17 +212,17 @@ def test_a_genuine_proof_of_another_request_names_the_entry_the_receipt_names(
 @pytest.mark.parametrize(
     "claim",
     [
-        {"request_id": "req-9"},
-        {"backend": "openai-us"},
-        {"backend": ""},
-        {"policy_digest": "sha256:" + "cd" * 32},
+        ("request_id", "req-9"),
+        ("backend", "openai-us"),
+        ("backend", ""),
+        ("policy_digest", "sha256:" + "cd" * 32),
     ],
 )
 def test_a_receipt_whose_claims_are_not_its_records_fails(
     proved: tuple[Path, bytes],
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
-    claim: dict[str, str],
+    claim: tuple[str, str],
 ) -> None:
     """A receipt the log signed whose dispatch_hash and index name request 2's record
     (entry 4) while it claims another request, backend (a hosted one, or a refusal) or
@@ -231,7 +232,8 @@ def test_a_receipt_whose_claims_are_not_its_records_fails(
     path, entry = proved
     genuine = verify_receipt((path.parent / "receipt.json").read_bytes(), [SIGNER.verifier()])
     forged = tmp_path / "forged.json"
-    forged.write_bytes(make_receipt(dataclasses.replace(genuine, **claim), SIGNER))
+    changes: dict[str, Any] = dict([claim])
+    forged.write_bytes(make_receipt(dataclasses.replace(genuine, **changes), SIGNER))
     assert _verify(path, "--receipt", str(forged)) == 1
     err = capsys.readouterr().err
     assert "FAILED: entry 4 is the receipt's record, but its " in err, err
