@@ -86,14 +86,14 @@ def _read(path: str, limit: int) -> bytes:
 def _proof_verify(args: argparse.Namespace) -> int:
     keys = trusted_keys(args)
     witnesses = [witness_key(text) for text in args.witness_key or args._witness_defaults]
-    origin, leaf, index = args.origin, None, None
+    origin, receipt = args.origin, None
     if args.receipt is not None:
         receipt = verify_receipt(read_receipt(args.receipt), keys)
         if origin is not None and origin != receipt.log:
             raise ValueError(
                 f"--origin {quoted(origin)} is not the receipt's log {quoted(receipt.log)}"
             )
-        origin, leaf, index = receipt.log, receipt.dispatch_hash, receipt.index
+        origin = receipt.log
         print(
             f"ok: receipt for request {shown(receipt.request_id)} signed by the log "
             f"{shown(receipt.log)}"
@@ -104,8 +104,7 @@ def _proof_verify(args: argparse.Namespace) -> int:
         keys,
         origin=origin,
         entry=entry,
-        leaf=leaf,
-        index=index,
+        receipt=receipt,
         witnesses=witnesses,
         min_witnesses=args.min_witnesses,
         now=time.time(),
@@ -119,6 +118,19 @@ def _proof_verify(args: argparse.Namespace) -> int:
         f"checkpoint of {quoted(checkpoint.origin)} of size {checkpoint.size}, signed by "
         f"{', '.join(shown(name) for name in proved.signed_by)}"
     )
+    if receipt is not None and proved.claims_checked:
+        print(
+            f"ok: that record is the receipt's: request {shown(receipt.request_id)}, "
+            + (f"backend {shown(receipt.backend)}" if receipt.backend else "a refusal")
+            + f", policy {shown(receipt.policy_digest)}"
+        )
+    elif receipt is not None:
+        print(
+            "note: the proof carries no record (no extra line), so only the receipt's "
+            "dispatch_hash is proved: its request, backend and policy are not checked "
+            "against the log's record; give --entry FILE (the record) or run `owngate "
+            "audit receipt verify --log LOGDIR`"
+        )
     if witnesses:
         print(
             f"ok: that checkpoint is cosigned by {len(proved.cosigned_by)} of the "

@@ -34,7 +34,7 @@ from gateway.provenance.audit.reader import read_settled
 from gateway.provenance.audit.remote import is_url, mirror_log
 from gateway.provenance.audit.report import verification_json
 from gateway.provenance.audit.shown import quoted, shown
-from gateway.provenance.audit.verify import HistoryLimits
+from gateway.provenance.audit.verify import HistoryLimits, LogSummary
 from gateway.provenance.errors import LogVerificationError
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.layout import MAX_HISTORY_BYTES
@@ -196,8 +196,8 @@ def _verified(
         ),
     )
     pins = backend_pins(args.backend_pin or args._backend_pin_defaults)
-    pinned = check_pins(logdir, summary.size, pins) if pins else None
-    attested = _attested(args, logdir, summary.size, summary.origin)
+    pinned = check_pins(logdir, summary.size, pins, root=summary.root) if pins else None
+    attested = _attested(args, logdir, summary)
     witnessed = summary.witnesses
     if args.json:
         result: dict[str, Any] = {"ok": True, **verification_json(summary)}
@@ -281,7 +281,7 @@ def _print_pinned(pinned: PinnedSummary, pins: dict[str, frozenset[str]]) -> Non
 
 
 def _attested(
-    args: argparse.Namespace, logdir: str, size: int, origin: str
+    args: argparse.Namespace, logdir: str, verified: LogSummary
 ) -> AttestedSummary | None:
     keys = backend_keys(args.backend_key or args._backend_key_defaults, trusted_keys(args))
     sidecars = args.attest_log or args._attest_log_defaults
@@ -296,9 +296,9 @@ def _attested(
     for item in seen:
         backend, where = _backend_of(item, keys, "--attest-checkpoint")
         trusted.setdefault(backend, []).append(saved_checkpoint(where))
-    summary = check_attestations(logdir, size, keys)
+    summary = check_attestations(logdir, verified.size, keys, root=verified.root)
     for where in replicas:
-        _add_replica(args, where, keys, summary, origin)
+        _add_replica(args, where, keys, summary, verified.origin)
     for item in sidecars:
         backend, where = _backend_of(item, keys, "--attest-log")
         held = trusted.pop(backend, [])
@@ -339,7 +339,7 @@ def _add_replica(
                     f"--replica-log {shown(where)}: the log {quoted(checked.origin)} is given "
                     "twice (each replica writes a log of its own origin)"
                 )
-            check_attestations(replica, checked.size, keys, summary)
+            check_attestations(replica, checked.size, keys, summary, root=checked.root)
         except LogVerificationError as exc:
             raise LogVerificationError(f"replica log {shown(where)}: {exc}") from exc
         summary.replicas.append((checked.origin, checked.size))

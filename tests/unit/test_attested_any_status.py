@@ -106,8 +106,10 @@ def _statements(count: int) -> list[Statement]:
 
 def _check(tmp_path: Path, answers: list[tuple[Statement, int, Attestation]]) -> None:
     asyncio.run(_write(tmp_path / "log", answers))
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
-    check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
+    check_attestations(
+        tmp_path / "log", verified.size, {BACKEND: SIDECAR.verifier()}, root=verified.root
+    )
 
 
 def test_a_genuine_countersignature_on_a_record_of_a_client_that_left_passes(
@@ -116,8 +118,10 @@ def test_a_genuine_countersignature_on_a_record_of_a_client_that_left_passes(
     first, second = _statements(2)
     answers = [(first, 200, _accepted(first)), (second, 499, _accepted(second))]
     asyncio.run(_write(tmp_path / "log", answers))
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
-    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
+    summary = check_attestations(
+        tmp_path / "log", verified.size, {BACKEND: SIDECAR.verifier()}, root=verified.root
+    )
     assert summary.answers == {BACKEND: 1}  # the answer of status 200; the 499 is no answer
     assert set(summary.statements[str(SIDECAR)]) == {0, 1}
 
@@ -177,7 +181,9 @@ def test_a_countersignature_on_an_error_record_must_be_in_the_sidecars_log(
             await log.close()
 
     asyncio.run(sidecar([first]))  # the 499's statement is not in it
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
-    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
+    summary = check_attestations(
+        tmp_path / "log", verified.size, {BACKEND: SIDECAR.verifier()}, root=verified.root
+    )
     with pytest.raises(LogVerificationError, match="missing from the sidecar's log"):
         cross_check(summary, tmp_path / "sidecar", BACKEND, SIDECAR.verifier())

@@ -133,8 +133,10 @@ def _cross_check(
 ) -> int:
     asyncio.run(_gateway_log(tmp_path / "log", answers))
     asyncio.run(_sidecar_log(tmp_path / "sidecar", logged))
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
-    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
+    summary = check_attestations(
+        tmp_path / "log", verified.size, {BACKEND: SIDECAR.verifier()}, root=verified.root
+    )
     assert summary.answers == {BACKEND: 3}
     return cross_check(summary, tmp_path / "sidecar", BACKEND, SIDECAR.verifier())
 
@@ -163,10 +165,10 @@ def test_one_key_given_for_two_backends_is_refused(
     gateway's log could say B served what A's sidecar countersigned, and pass."""
     other = dataclasses.replace(EXAMPLE_BACKEND, id="gpu-other")
     asyncio.run(_gateway_log(tmp_path / "log", answers, other))  # A's statements, "B" named
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
     keys = {BACKEND: SIDECAR.verifier(), "gpu-other": SIDECAR.verifier()}
     with pytest.raises(ValueError, match=f"backends {BACKEND} and gpu-other are given one key"):
-        check_attestations(tmp_path / "log", size, keys)
+        check_attestations(tmp_path / "log", verified.size, keys, root=verified.root)
     vkey = SIDECAR.verifier().vkey
     with pytest.raises(ValueError, match="are given one key"):
         backend_keys([f"{BACKEND}={vkey}", f"gpu-other={vkey}"], [])
@@ -180,12 +182,12 @@ def test_one_public_key_under_two_names_does_not_let_one_backend_pass_for_the_ot
     not pass as B's, whose key id differs, though the key's bytes are the same."""
     other = dataclasses.replace(EXAMPLE_BACKEND, id="gpu-other")
     asyncio.run(_gateway_log(tmp_path / "log", answers, other))  # A's statements, "B" named
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
     renamed = Signer.from_seed("gpu.test/renamed", hashlib.sha256(b"gpu.test/attest/1").digest())
     assert renamed.verifier().vkey.split("+", 2)[2] == SIDECAR.verifier().vkey.split("+", 2)[2]
     keys = {BACKEND: SIDECAR.verifier(), "gpu-other": renamed.verifier()}
     with pytest.raises(LogVerificationError, match="not by backend gpu-other's key"):
-        check_attestations(tmp_path / "log", size, keys)
+        check_attestations(tmp_path / "log", verified.size, keys, root=verified.root)
 
 
 def test_a_backend_given_two_keys_is_refused() -> None:
@@ -206,8 +208,10 @@ def test_a_statement_over_a_request_the_gateway_did_not_dispatch_is_caught(
     sidecar without mutual TLS, a body changed on the way) is a request that did not
     come through the gateway."""
     asyncio.run(_gateway_log(tmp_path / "log", answers, status=499))
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
-    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
+    summary = check_attestations(
+        tmp_path / "log", verified.size, {BACKEND: SIDECAR.verifier()}, root=verified.root
+    )
     assert summary.answers == {BACKEND: 0}
     statements = [statement for _, statement, _ in answers]
     asyncio.run(_sidecar_log(tmp_path / "same", statements))
@@ -294,8 +298,10 @@ def test_a_rolled_back_sidecar_log_is_caught_against_a_checkpoint_seen_before(
     seen = (tmp_path / "sidecar" / "checkpoint").read_bytes()  # size 4, the auditor saved it
     (tmp_path / "seen.checkpoint").write_bytes(seen)
     asyncio.run(_sidecar_log(tmp_path / "rolled", statements))  # the same log, cut at 3
-    size = verify_log(tmp_path / "log", [GATEWAY.verifier()]).size
-    summary = check_attestations(tmp_path / "log", size, {BACKEND: SIDECAR.verifier()})
+    verified = verify_log(tmp_path / "log", [GATEWAY.verifier()])
+    summary = check_attestations(
+        tmp_path / "log", verified.size, {BACKEND: SIDECAR.verifier()}, root=verified.root
+    )
     with pytest.raises(LogVerificationError, match="did not come through this gateway"):
         cross_check(summary, tmp_path / "sidecar", BACKEND, SIDECAR.verifier())
     # the gap: the rolled-back log agrees with every statement the gateway's log carries

@@ -6,14 +6,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gateway.provenance import ProvenanceError, ProvenanceLog, TlogProof, make_receipt
+from gateway.provenance import (
+    ProvenanceError,
+    ProvenanceLog,
+    TlogProof,
+    make_receipt,
+    verify_receipt,
+)
 from gateway.provenance.audit.proof import check_tlog_proof
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.cosignature import Cosigner
@@ -199,6 +207,49 @@ def test_a_genuine_proof_of_another_request_names_the_entry_the_receipt_names(
         assert _verify(tmp_path / "req-3.tlog-proof", "--receipt", receipt) == 1
         err = capsys.readouterr().err
         assert "the proof is of entry 6, the receipt names entry 4: another entry" in err, err
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        ("request_id", "req-9"),
+        ("backend", "openai-us"),
+        ("backend", ""),
+        ("policy_digest", "sha256:" + "cd" * 32),
+    ],
+)
+def test_a_receipt_whose_claims_are_not_its_records_fails(
+    proved: tuple[Path, bytes],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    claim: tuple[str, str],
+) -> None:
+    """A receipt the log signed whose dispatch_hash and index name request 2's record
+    (entry 4) while it claims another request, backend (a hosted one, or a refusal) or
+    policy: `receipt verify --log` refuses it, and `proof verify --receipt` said "ok" for
+    it with the record in hand. Now it fails whenever the record is there (the extra
+    line, or --entry); a proof without the record says the claims are not checked."""
+    path, entry = proved
+    genuine = verify_receipt((path.parent / "receipt.json").read_bytes(), [SIGNER.verifier()])
+    forged = tmp_path / "forged.json"
+    changes: dict[str, Any] = dict([claim])
+    forged.write_bytes(make_receipt(dataclasses.replace(genuine, **changes), SIGNER))
+    assert _verify(path, "--receipt", str(forged)) == 1
+    err = capsys.readouterr().err
+    assert "FAILED: entry 4 is the receipt's record, but its " in err, err
+    (tmp_path / "entry").write_bytes(entry)
+    proof = TlogProof.parse(path.read_text())
+    bare = tmp_path / "bare.tlog-proof"
+    bare.write_text(TlogProof(proof.index, proof.hashes, proof.checkpoint).format())
+    assert _verify(bare, "--receipt", str(forged), "--entry", str(tmp_path / "entry")) == 1
+    assert "is the receipt's record, but its " in capsys.readouterr().err
+    assert _verify(bare, "--receipt", str(forged)) == 0
+    out = capsys.readouterr().out
+    assert "note: the proof carries no record (no extra line), so only the receipt's" in out
+    assert "that record is the receipt's" not in out
+    assert _verify(path, "--receipt", str(path.parent / "receipt.json")) == 0
+    out = capsys.readouterr().out
+    assert "ok: that record is the receipt's: request req-2, backend vllm-eu-1, policy" in out
 
 
 def test_wrong_key_or_origin_fails(

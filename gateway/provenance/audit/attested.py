@@ -76,10 +76,13 @@ def check_attestations(
     size: int,
     backend_keys: Mapping[str, Verifier],
     summary: AttestedSummary | None = None,
+    *,
+    root: bytes,
 ) -> AttestedSummary:
-    """Check the attestations of a verified log of `size` entries; raises
-    LogVerificationError naming the first record that fails, ValueError when two backends
-    are given one key.
+    """Check the attestations of a log `verify_log` found of `size` entries with `root`;
+    raises LogVerificationError naming the first record that fails (or when the records
+    read here no longer hash to `root`: `LogDirectory.verified_records`), ValueError when
+    two backends are given one key.
 
     `summary`: what the logs of the other replicas of the same gateway already showed
     (one log per replica, the same sidecars behind them all): this log's statements are
@@ -95,7 +98,8 @@ def check_attestations(
         for key, statements in summary.statements.items()
         for counter, statement in statements.items()
     }
-    for index, dispatch, completion in _completions(LogDirectory(directory), size, summary):
+    records = LogDirectory(directory).verified_records(size, root)
+    for index, dispatch, completion in _completions(records, summary):
         backend = dispatch.data["backend"]["id"]
         answer = completion.data["status"] < 400
         verifier = backend_keys.get(backend)
@@ -149,12 +153,12 @@ def check_attestations(
 
 
 def _completions(
-    log: LogDirectory, size: int, summary: AttestedSummary
+    records: Iterable[tuple[int, Record]], summary: AttestedSummary
 ) -> Iterator[tuple[int, Record, Record]]:
-    """(index, dispatch, completion) of every completed dispatch in a log of `size`
-    entries; notes every request dispatched to a backend of `summary`."""
+    """(index, dispatch, completion) of every completed dispatch of `records` (a log's,
+    in order); notes every request dispatched to a backend of `summary`."""
     dispatches: dict[int, Record] = {}
-    for index, record in log.records(size):
+    for index, record in records:
         if record.type == "dispatch":
             dispatches[index] = record
             sent = summary.dispatched.get(record.data["backend"]["id"])
@@ -197,7 +201,7 @@ def cross_check(
     left = {request_id: list(sent) for request_id, sent in dispatched.items()}
     unaccepted = 0
     last = -1
-    for index, record in LogDirectory(sidecar_log).records(checked.size):
+    for index, record in LogDirectory(sidecar_log).verified_records(checked.size, checked.root):
         where = f"the sidecar log of backend {backend} ({checked.origin})"
         if record.type != "attestation":
             raise _fail(f"{where} holds a {record.type} record, not a statement", index)

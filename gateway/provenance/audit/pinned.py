@@ -60,15 +60,17 @@ class PinnedSummary:
 
 
 def check_pins(
-    directory: str | Path, size: int, pins: Mapping[str, frozenset[str]]
+    directory: str | Path, size: int, pins: Mapping[str, frozenset[str]], *, root: bytes
 ) -> PinnedSummary:
-    """Check the dispatch records of a verified log of `size` entries against `pins`
-    (backend id -> the keys it may present); raises LogVerificationError naming the first
-    record that names no key, or another key, with the key it carries and the pins. A
-    record naming no key passes only when its completion says nothing was sent."""
+    """Check the dispatch records of a log `verify_log` found of `size` entries with
+    `root` against `pins` (backend id -> the keys it may present); raises
+    LogVerificationError naming the first record that names no key, or another key, with
+    the key it carries and the pins, or when the records read here no longer hash to
+    `root` (`LogDirectory.verified_records`). A record naming no key passes only when its
+    completion says nothing was sent."""
     summary = PinnedSummary({backend: 0 for backend in pins}, {backend: 0 for backend in pins})
     keyless: dict[int, Record] = {}  # dispatch index -> a pinned backend's record naming none
-    for index, record in LogDirectory(directory).records(size):
+    for index, record in LogDirectory(directory).verified_records(size, root):
         if record.type == "completion":
             dispatch = keyless.pop(record.data["dispatch"]["index"], None)
             if dispatch is None:

@@ -11,6 +11,12 @@ given witness must verify, and at least `min_witnesses` of them must have cosign
 A proof is one checkpoint: it cannot show that the log never forked or rolled back since,
 nor whether the key that signed it had been retired by a rotation (that takes the log's
 history: `verify_log`). Give only the keys you trust now.
+
+With a receipt, the record the proof carries (or the entry given) must also say what the
+receipt says (`audit.receipt.check_claims`, as `receipt verify --log` holds it): the log
+signs both, and a receipt whose `dispatch_hash` named one request's record while it
+claimed another request, backend or policy passed here as proved. A proof without the
+record (no extra line, no entry) proves only the hash: `ProvedEntry.claims_checked` says.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.provenance.audit.cosigned import check_witness_policy, cosigners
+from gateway.provenance.audit.receipt import check_claims
 from gateway.provenance.errors import MalformedError, ProofError, RecordError, SignatureError
 from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier
 from gateway.provenance.formats.merkle import leaf_hash, verify_inclusion
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.proofs import TlogProof
+from gateway.provenance.formats.receipt_payload import Receipt
 from gateway.provenance.formats.record_parser import parse_record
 
 __all__ = ["MAX_PROOF_BYTES", "ProvedEntry", "check_tlog_proof"]
@@ -45,22 +53,28 @@ class ProvedEntry:
     checkpoint: Checkpoint
     signed_by: tuple[str, ...]  # trusted log keys whose signature verified
     cosigned_by: tuple[str, ...]  # witnesses whose cosignature verified
+    # a receipt was given and the record it names was at hand: its claims are the record's
+    claims_checked: bool = False
 
 
-def _check_record(entry: bytes, index: int) -> None:
+def _check_record(entry: bytes, index: int, receipt: Receipt | None) -> None:
     """An entry that is JSON is read as a provenance record, so it must be one: schema v1
     in its own RFC 8785 encoding, as `verify_log` holds every entry (a member written
     twice, which parsers read differently, or a usage_bound no usage exceeded, is
     refused). An entry that is not JSON at all (another log's, such as Tessera's test
-    log) is only proved included."""
+    log) is only proved included, unless a `receipt` names it: then it must be the
+    record the receipt's claims are."""
+    if receipt is None:
+        try:
+            json.loads(entry)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            return
     try:
-        json.loads(entry)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return
-    try:
-        parse_record(entry)
+        record = parse_record(entry)
     except RecordError as exc:
         raise ProofError(f"entry {index}: not a valid schema-v1 record: {exc}") from exc
+    if receipt is not None:
+        check_claims(record, receipt)
 
 
 def check_tlog_proof(
@@ -71,6 +85,7 @@ def check_tlog_proof(
     entry: bytes | None = None,
     leaf: bytes | None = None,
     index: int | None = None,
+    receipt: Receipt | None = None,
     witnesses: Sequence[CosignatureVerifier] = (),
     min_witnesses: int = 1,
     now: float,
@@ -84,8 +99,12 @@ def check_tlog_proof(
     the proof must be at `index` when given (a receipt's: checked first, so another
     entry's proof is named as such, not as a hash that misses the root). With
     neither, the extra line is the entry; a proof without one is a ValueError (nothing to
-    prove). `now` (POSIX seconds) refuses cosignatures dated in the future.
+    prove). `receipt` (verified by the caller) gives `leaf` and `index`, and the record,
+    when the proof or `entry` carries it, must say what the receipt says. `now` (POSIX
+    seconds) refuses cosignatures dated in the future.
     """
+    if receipt is not None:
+        leaf, index = receipt.dispatch_hash, receipt.index
     if not verifiers:
         raise ValueError("a tlog-proof check needs at least one trusted log key")
     check_witness_policy(witnesses, verifiers, min_witnesses)
@@ -119,7 +138,7 @@ def check_tlog_proof(
     checkpoint = signed.checkpoint
     verify_inclusion(target, proof.index, checkpoint.size, proof.hashes, checkpoint.root)
     if proved is not None:
-        _check_record(proved, proof.index)
+        _check_record(proved, proof.index, receipt)
     witnessed: list[CosignatureVerifier] = []
     if witnesses:
         witnessed = cosigners(proof.checkpoint, witnesses, now)
@@ -136,4 +155,5 @@ def check_tlog_proof(
         checkpoint=checkpoint,
         signed_by=tuple(f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified),
         cosigned_by=tuple(str(w) for w in witnessed),
+        claims_checked=receipt is not None and proved is not None,
     )

@@ -24,7 +24,7 @@ from gateway.provenance.formats.layout import (
     newest_history,
     read_log_file,
 )
-from gateway.provenance.formats.merkle import HASH_SIZE
+from gateway.provenance.formats.merkle import HASH_SIZE, CompactRange, leaf_hash
 from gateway.provenance.formats.records import Record, parse_record
 from gateway.provenance.formats.tiles import (
     TILE_WIDTH,
@@ -168,6 +168,28 @@ class LogDirectory:
                 yield index, parse_record(entry)
             except RecordError as exc:
                 raise RecordError(f"entry {index}: {exc}") from exc
+
+    def verified_records(self, size: int, root: bytes) -> Iterator[tuple[int, Record]]:
+        """`records(size)` of a log `verify_log` found of `size` entries with `root`, read
+        again: each entry is hashed as it is read, and after the last the tree must still
+        be the verified one, else LogVerificationError (the files changed since the audit
+        read them: the operator under audit may swap them between two readings). Checks
+        that read the records after `verify_log` (`--backend-pin`, `--backend-key`, a
+        sidecar's log) take them from here, and read them all before they pass."""
+        tree = CompactRange()
+        for index, entry in self.entries(size):
+            tree.append(leaf_hash(entry))
+            try:
+                record = parse_record(entry)
+            except RecordError as exc:
+                raise RecordError(f"entry {index}: {exc}") from exc
+            yield index, record
+        if tree.root() != root:
+            raise LogVerificationError(
+                f"the log at {self.path} changed since it was verified: its entries "
+                f"0..{size - 1} no longer hash to the verified root (audit a copy the "
+                "operator cannot write)"
+            )
 
     def unsigned_entries(self, size: int) -> Iterator[bytes]:
         """Entries in the write-ahead segments beyond `size` (not yet in a checkpoint), one

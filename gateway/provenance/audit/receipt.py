@@ -35,6 +35,7 @@ from gateway.small_files import read_file_head
 __all__ = [
     "LoggedCommitment",
     "ReceiptInclusion",
+    "check_claims",
     "check_countersignature_in_log",
     "check_receipt_in_log",
     "completion_that_sent_nothing",
@@ -76,7 +77,7 @@ def check_receipt_in_log(
         raise LogVerificationError(
             f"entry {receipt.index} of the log is not the record the receipt names"
         )
-    _check_claims(parse_record(entry), receipt)
+    check_claims(parse_record(entry), receipt)
     _prove(log, receipt.index, receipt.dispatch_hash, size, signed.checkpoint.root)
     return ReceiptInclusion(size, signed.checkpoint.root, entry)
 
@@ -184,9 +185,11 @@ def _prove(log: LogDirectory, index: int, leaf: bytes, size: int, root: bytes) -
     verify_inclusion(leaf, index, size, proof, root)
 
 
-def _check_claims(record: Record, receipt: Receipt) -> None:
+def check_claims(record: Record, receipt: Receipt) -> None:
     """The receipt's claims are its record's: the request, a dispatch to its backend (a
-    refusal when the receipt names none) and the policy digest."""
+    refusal when the receipt names none) and the policy digest. The log signs both, so a
+    gateway could sign a receipt whose `dispatch_hash` names one record and whose claims
+    say another's (`receipt verify --log` and `proof verify --receipt` both check)."""
     kind = "refusal" if receipt.backend == "" else "dispatch"
     found = {
         "request": (record.request_id, receipt.request_id),
