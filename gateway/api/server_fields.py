@@ -50,7 +50,9 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
 
 Names are matched as the backend reads them, after JSON unescaping. The list is of what
 these servers read at the versions named in docs/security.md; a field a server adds later
-passes until it is added here.
+passes until it is added here or, harmless, to gateway/api/passed_fields.py
+(tests/unit/test_server_field_drift.py names it once the pinned field lists are
+re-extracted from the new release).
 """
 
 from __future__ import annotations
