@@ -16,11 +16,12 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
   image into more tokens than `MEDIA_ALLOWANCE`: vLLM's `mm_processor_kwargs` and
   `media_io_kwargs` (every frame of a video); vLLM's `padding` on an embeddings request,
   `max_length` padding its prompt to the model's whole length; SGLang's
-  `images_config`, `max_dynamic_patch`; an SGLang session that prepends earlier
-  requests' context, another tenant's included);
+  `images_config`, `max_dynamic_patch`, `video_config`, `use_audio_in_video`; an SGLang
+  session that prepends earlier requests' context, another tenant's included);
 - **other weights**: a LoRA adapter chosen in the body (llama.cpp's `lora`, SGLang's
-  `lora_path`) serves the request with weights the log does not name: the model is the
-  `model` field's, as configured;
+  `lora_path`, or SGLang's `extra_key` spelling an adapter's id in its prefix cache)
+  serves the request with weights the log does not name: the model is the `model`
+  field's, as configured;
 - **the server's code, files or network**: vLLM's `prompt_embeds` and content parts of
   type `image_embeds` / `audio_embeds` (serialized tensors the server deserializes:
   GHSA-mrw7-hf4f-83pf, GHSA-pmqf-x6x8-p7qw), `logits_processors` (classes imported by
@@ -35,6 +36,10 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
   take a backend away from the others (docs/security.md), and NVIDIA Dynamo's request
   envelope (`nvext`: the worker, its rank, the queue priority, and the prefix-cache
   `cache_salt`, which Dynamo reads over the top-level one `isolate_prefix_cache` sets);
+- **the server's metrics**: SGLang's `custom_labels`, client strings as metric labels;
+- **what the server's shared caches held**: SGLang's `return_cached_tokens_details`,
+  `return_spec_tokens_details`, `return_meta_info` (cached prompt tokens, accepted
+  speculative drafts: what another tenant sent) and `ngram_corpus_id`;
 - **another tenant's media**: vLLM's `uuid` on a content part names the media item in
   the server's multimodal caches in place of its content's hash, and with the media left
   out (`"image_url": null`) has the server take the item from its cache by that name
@@ -45,7 +50,9 @@ decision, as it refuses a router's control fields (gateway/api/control_fields.py
 
 Names are matched as the backend reads them, after JSON unescaping. The list is of what
 these servers read at the versions named in docs/security.md; a field a server adds later
-passes until it is added here.
+passes until it is added here or, harmless, to gateway/api/passed_fields.py
+(tests/unit/test_server_field_drift.py names it once the pinned field lists are
+re-extracted from the new release).
 """
 
 from __future__ import annotations
@@ -83,6 +90,16 @@ _SHARED: Final = (
     "server would take another tenant's image by that name, or give it this one)"
 )
 
+_LOGGED: Final = (
+    "writes the client's strings into the inference server's own metrics (a label and "
+    "its value, one time series per value)"
+)
+_ORACLE: Final = (
+    "reports what the inference server's caches, which every tenant shares, already held "
+    "(cached prompt tokens by tier, speculative drafts accepted), which tells one tenant "
+    "what another sent"
+)
+
 _ENVELOPE: Final = (
     "picks the worker, its queue position and its prefix-cache partition on the inference "
     "server (NVIDIA Dynamo's `nvext`: its `cache_salt` overrides the tenant's own)"
@@ -116,6 +133,22 @@ SERVER_FIELDS: Final[Mapping[str, str]] = {
     "bootstrap_port": _SERVER,
     "bootstrap_room": _SERVER,
     "bootstrap_pair_key": _SERVER,
+    # a video's audio track decoded as audio items of its own (Nemotron Nano VL), and a
+    # video's frames per second, frame count and tokens per frame
+    "use_audio_in_video": _PROMPT,
+    "video_config": _PROMPT,
+    # the radix cache's partition, which SGLang extends with the LoRA adapter's id: a key
+    # spelling an adapter's id (uuid5 of its name and path for `--lora-paths`) has a
+    # base-model request reuse, or plant, prefixes computed with the adapter's weights
+    "extra_key": _WEIGHTS,
+    "custom_labels": _LOGGED,  # CompletionRequest: metric labels, any name and value
+    # the server's meta_info: cached tokens by device, host and storage (sent even with
+    # its `--enable-cache-report` off), and the accepted drafts of an n-gram speculator
+    # whose corpus every request's tokens feed; a named external n-gram corpus
+    "return_cached_tokens_details": _ORACLE,
+    "return_spec_tokens_details": _ORACLE,
+    "return_meta_info": _ORACLE,
+    "ngram_corpus_id": _ORACLE,
     "rid": _PLACE,
     "routed_dp_rank": _PLACE,
     "data_parallel_rank": _PLACE,

@@ -67,6 +67,14 @@ def post(gateway: Gateway, path: str, body: bytes) -> httpx.Response:
         # become thousands of tokens, charged as two
         ("/v1/embeddings", {"padding": "max_length"}, "padding"),
         ("/v1/chat/completions", {"id_slot": 0}, "id_slot"),
+        # SGLang: client strings as labels of its own metrics; what its shared caches held
+        ("/v1/completions", {"custom_labels": {"tenant": "acme"}}, "custom_labels"),
+        (
+            "/v1/chat/completions",
+            {"return_cached_tokens_details": True},
+            "return_cached_tokens_details",
+        ),
+        ("/v1/chat/completions", {"use_audio_in_video": True}, "use_audio_in_video"),
         (
             "/v1/chat/completions",
             {

@@ -82,6 +82,20 @@ LOOP = "{% for i in range(1000) %}{% for m in messages %}{{ m.content }}{% endfo
             "multi_modal_uuids",
             "every tenant shares",
         ),
+        # SGLang: a video's audio track as audio items of their own, a video's frame rate
+        # and frame count: more media tokens than the one part's allowance
+        ({"use_audio_in_video": True}, "use_audio_in_video", "prompt"),
+        ({"video_config": {"fps": 60, "max_frames": 10**5}}, "video_config", "prompt"),
+        # SGLang keys its radix cache by `extra_key` + the LoRA adapter's id: a key spelling
+        # an adapter's id shares prefixes computed with the adapter's weights
+        ({"extra_key": "9b2f0c7e4d1a4c8e9f3b6a5d2e1c0b7a"}, "extra_key", "weights"),
+        # SGLang: client strings as labels of the server's own metrics
+        ({"custom_labels": {"tenant": "x" * 200}}, "custom_labels", "metrics"),
+        # SGLang: what its shared caches held, with its cache report off
+        ({"return_cached_tokens_details": True}, "return_cached_tokens_details", "caches"),
+        ({"return_spec_tokens_details": True}, "return_spec_tokens_details", "caches"),
+        ({"return_meta_info": True}, "return_meta_info", "caches"),
+        ({"ngram_corpus_id": "another-tenants-corpus"}, "ngram_corpus_id", "caches"),
         # NVIDIA Dynamo's envelope: a worker and a queue position of the client's choosing,
         # and a prefix-cache salt read over the tenant's own (isolate_prefix_cache)
         (
