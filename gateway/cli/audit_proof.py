@@ -20,6 +20,7 @@ from gateway.cli.audit_flags import (
 from gateway.provenance import verify_receipt
 from gateway.provenance.audit.proof import MAX_PROOF_BYTES, check_tlog_proof
 from gateway.provenance.audit.receipt import read_receipt
+from gateway.provenance.audit.receipt_keys import check_receipt_log_key
 from gateway.provenance.audit.shown import quoted, shown
 from gateway.small_files import read_file_head
 
@@ -88,16 +89,26 @@ def _proof_verify(args: argparse.Namespace) -> int:
     witnesses = [witness_key(text) for text in args.witness_key or args._witness_defaults]
     origin, receipt = args.origin, None
     if args.receipt is not None:
-        receipt = verify_receipt(read_receipt(args.receipt), keys)
+        envelope = read_receipt(args.receipt)
+        receipt = verify_receipt(envelope, keys)
         if origin is not None and origin != receipt.log:
             raise ValueError(
                 f"--origin {quoted(origin)} is not the receipt's log {quoted(receipt.log)}"
             )
         origin = receipt.log
+        signers, named = check_receipt_log_key(envelope, receipt, keys)
         print(
-            f"ok: receipt for request {shown(receipt.request_id)} signed by the log "
-            f"{shown(receipt.log)}"
+            f"ok: receipt for request {shown(receipt.request_id)} of the log "
+            f"{shown(receipt.log)} signed by "
+            + ", ".join(f"the key {shown(str(signer))}" for signer in signers)
         )
+        if not named:
+            print(
+                f"note: no key that signed it is named for the log {shown(receipt.log)} (a "
+                "log's key carries its origin as its name), so that the receipt is that "
+                "log's is the receipt's own claim, not checked (`owngate audit receipt "
+                "verify --log LOGDIR` checks it against the log's checkpoints)"
+            )
     entry = None if args.entry is None else _read(args.entry, MAX_PROOF_BYTES)
     proved = check_tlog_proof(
         _read(args.file, MAX_PROOF_BYTES),

@@ -16,11 +16,14 @@ from gateway.provenance import (
     LogDirectory,
     TlogProof,
 )
+from gateway.provenance.audit.receipt import read_receipt
 from gateway.provenance.audit.shown import quoted, shown
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.layout import history_path, newest_cosigned, read_log_file
-from gateway.provenance.formats.merkle import inclusion_proof
+from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash
 from gateway.provenance.formats.note import _parse_signature_line, _split_note
+from gateway.provenance.formats.receipts import receipt_claims
+from gateway.provenance.formats.records import Record
 from gateway.provenance.formats.tiles import TileReader
 
 __all__ = ["add_prove"]
@@ -39,8 +42,24 @@ def add_prove(verbs: Any) -> None:
     prove.add_argument(
         "--record",
         choices=("dispatch", "completion", "refusal", "admin"),
-        default=env("RECORD", "dispatch"),
-        help="which record of the request (env OWNGATE_AUDIT_RECORD, default dispatch)",
+        default=env("RECORD"),
+        help="which record of the request: the last of that type (after a failover, the "
+        "attempt the client's answer came from; env OWNGATE_AUDIT_RECORD, default dispatch)",
+    )
+    which = prove.add_mutually_exclusive_group()
+    which.add_argument(
+        "--receipt",
+        default=env("RECEIPT"),
+        metavar="FILE",
+        help="prove the entry this receipt of the request names (its index, its "
+        "dispatch_hash), whichever attempt it is (env OWNGATE_AUDIT_RECEIPT)",
+    )
+    which.add_argument(
+        "--index",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prove entry N, a record of the request",
     )
     prove.add_argument(
         "--cosigned",
@@ -55,14 +74,13 @@ def _prove(args: argparse.Namespace) -> int:
     log = LogDirectory(args.logdir)
     note = log.latest_note()
     size = unverified_size(note)
-    matches = [(i, r) for i, r in log.find_request(args.request_id, size) if r.type == args.record]
-    if not matches:
-        print(
-            f"error: no {args.record} record of {quoted(args.request_id)} in the log",
-            file=sys.stderr,
-        )
+    # One reading: the record chosen is the very bytes proved (and quoted in the proof).
+    found = log.find_request_entries(args.request_id, size)
+    chosen = _chosen(args, found)
+    if isinstance(chosen, str):
+        print(f"error: {chosen}", file=sys.stderr)
         return 1
-    index, _ = matches[0]
+    index, entry = chosen
     where = "checkpoint"
     if args.cosigned:
         covering = newest_cosigned(log.path, above=index, upto=size)  # no listing kept
@@ -77,10 +95,48 @@ def _prove(args: argparse.Namespace) -> int:
         note, where = read_log_file(path), f"cosigned/{path.name}"
         _check_log_lines(note, where, _read_history(log.path, size, where))
     _check_printable(note, where)
-    entry = log.bundle(index // 256, size)[index % 256]
     hashes = inclusion_proof(index, size, TileReader(log.path, size).node)
     sys.stdout.write(TlogProof(index, tuple(hashes), note, extra=entry).format())
     return 0
+
+
+def _chosen(
+    args: argparse.Namespace, found: list[tuple[int, bytes, Record]]
+) -> tuple[int, bytes] | str:
+    """The (index, entry) of the request's records `found` to prove, or why none is: entry
+    `--index`, else the one `--receipt` names (an explicit --index wins over the
+    environment's receipt), else the last of the `--record` type."""
+    request = quoted(args.request_id)
+    claims = None
+    if args.index is None and args.receipt is not None:
+        claims = receipt_claims(read_receipt(args.receipt))
+        if claims.request_id != args.request_id:
+            return f"the receipt is of request {quoted(claims.request_id)}, not {request}"
+    if claims is not None or args.index is not None:
+        index = args.index if claims is None else claims.index
+        what = f"entry {index}" + ("" if claims is None else ", the receipt's,")
+        match = next(((e, r) for i, e, r in found if i == index), None)
+        if match is None:
+            return f"{what} is not a record of {request} in the log's latest checkpoint"
+        entry, record = match
+        if claims is not None and leaf_hash(entry) != claims.dispatch_hash:
+            return f"{what} is not the record the receipt names (another dispatch_hash)"
+        if args.record is not None and record.type != args.record:
+            return f"{what} is a {record.type} record, not a {args.record} record"
+        return index, entry
+    kind = args.record or "dispatch"
+    matches = [(i, e) for i, e, r in found if r.type == kind]
+    if not matches:
+        return f"no {kind} record of {request} in the log"
+    if len(matches) > 1:
+        listed = ", ".join(str(i) for i, _ in matches)
+        print(
+            f"note: {request} has {len(matches)} {kind} records (entries {listed}, one per "
+            f"attempt): proving entry {matches[-1][0]}, the last (the attempt the client's "
+            "answer came from); --receipt FILE proves the one a receipt names, --index N any",
+            file=sys.stderr,
+        )
+    return matches[-1]
 
 
 def _check_printable(note: bytes, name: str) -> None:

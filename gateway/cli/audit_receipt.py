@@ -32,11 +32,12 @@ from gateway.provenance.audit.receipt import (
     read_receipt,
     receipt_commitment,
 )
-from gateway.provenance.audit.receipt_keys import check_receipt_key
+from gateway.provenance.audit.receipt_keys import check_receipt_key, check_receipt_log_key
 from gateway.provenance.audit.shown import shown
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
 from gateway.provenance.formats.commitments import BodyKind, commit_digest, verify_digest
+from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipts import countersignature_of
 from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
@@ -121,10 +122,18 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         else f"refusal entry {receipt.index} (nothing was dispatched)"
     )
     form = " (v2: its batch's signature and Merkle path)" if receipt_version(envelope) == 2 else ""
+    signers, named = check_receipt_log_key(envelope, receipt, keys)
     print(
-        f"ok: receipt for request {shown(receipt.request_id)} signed by the log "
-        f"{shown(receipt.log)}{form}: {names}, policy {shown(receipt.policy_digest)}"
+        f"ok: receipt for request {shown(receipt.request_id)} of the log {shown(receipt.log)} "
+        f"signed by {_keys(signers)}{form}: {names}, policy {shown(receipt.policy_digest)}"
     )
+    if not named and args.log is None:
+        print(
+            f"note: no key that signed it is named for the log {shown(receipt.log)} (a log's "
+            "key carries its origin as its name), so that the receipt is that log's is the "
+            "receipt's own claim, not checked: add --log LOGDIR (its checkpoints of that log "
+            "must be signed by the key that signed the receipt)"
+        )
     attested = backend_keys(args.backend_key or args._backend_key_defaults, keys)
     statement = receipt_countersignature(envelope, receipt, attested)
     if attested and receipt.backend not in attested:
@@ -224,6 +233,10 @@ def _receipt_verify(args: argparse.Namespace) -> int:
         index = check_countersignature_in_log(log, receipt, statement, inclusion)
         print(f"ok: entry {index}, its completion, recorded this countersignature")
     return 0
+
+
+def _keys(verifiers: list[Verifier]) -> str:
+    return ", ".join(f"the key {shown(str(verifier))}" for verifier in verifiers)
 
 
 # Which bytes of a response file a commitment may be to (docs/provenance.md, "The body a

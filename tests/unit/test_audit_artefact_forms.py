@@ -100,7 +100,7 @@ def test_the_genuine_receipt_still_verifies(
 ) -> None:
     _path, receipt = logged
     assert run_audit(["receipt", "verify", str(receipt), "--key", SIGNER.vkey]) == 0
-    assert "ok: receipt for request req-0 signed by the log " + ORIGIN in capsys.readouterr().out
+    assert "ok: receipt for request req-0 of the log " + ORIGIN in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("request_id", ["req 1", "req-1\x1b[2K", "req-1\u202e", "", "r" * 129])

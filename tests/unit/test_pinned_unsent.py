@@ -14,7 +14,7 @@ def test_the_audits_failures_that_sent_nothing_are_the_gateways() -> None:
 
 
 def test_only_an_unanswered_failure_before_writing_of_that_backend_sent_nothing() -> None:
-    unanswered = {"error": "gpu-a: tls", "response_commitment": None}
+    unanswered = {"status": 502, "error": "gpu-a: tls", "response_commitment": None}
     assert pinned.sent_nothing(unanswered, "gpu-a")
     assert pinned.sent_nothing({**unanswered, "error": "gpu-a: connect"}, "gpu-a")
     assert not pinned.sent_nothing(unanswered, "gpu-b")  # another backend's failure

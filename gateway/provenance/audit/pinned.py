@@ -94,9 +94,14 @@ def check_pins(
 
 def sent_nothing(completion: Mapping[str, object], backend: str) -> bool:
     """Whether a completion says its attempt on `backend` failed before a byte of the
-    request was written: no answer, and one of the failures that come before writing."""
-    error = completion.get("error")
+    request was written: no answer, an error status (the attempt's error, which the client
+    got if no other attempt served), and one of the failures that come before writing. A
+    completion saying both that nothing was sent and that its attempt answered (a status
+    below 400) contradicts itself, and is not taken for an attempt that sent nothing."""
+    error, status = completion.get("error"), completion.get("status")
     if completion.get("response_commitment") is not None or not isinstance(error, str):
+        return False
+    if type(status) is not int or status < 400:
         return False
     name, _, kind = error.rpartition(": ")
     return name == backend and kind in _NOTHING_SENT

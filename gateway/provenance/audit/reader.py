@@ -217,7 +217,22 @@ class LogDirectory:
 
     def find_request(self, request_id: str, size: int) -> list[tuple[int, Record]]:
         """Every record of `request_id` in a tree of `size`, in log order."""
-        return [(i, r) for i, r in self.records(size) if r.request_id == request_id]
+        return [(i, r) for i, e, r in self.find_request_entries(request_id, size)]
+
+    def find_request_entries(self, request_id: str, size: int) -> list[tuple[int, bytes, Record]]:
+        """(index, entry, record) of every record of `request_id` in a tree of `size`, in
+        log order: each record with the very bytes it was parsed from. A check that judges
+        a record and proves it proves these bytes, never a second reading of the file (the
+        operator under audit may swap it between two readings)."""
+        found = []
+        for index, entry in self.entries(size):
+            try:
+                record = parse_record(entry)
+            except RecordError as exc:
+                raise RecordError(f"entry {index}: {exc}") from exc
+            if record.request_id == request_id:
+                found.append((index, entry, record))
+        return found
 
 
 def _level0_path(index: int, width: int) -> str:

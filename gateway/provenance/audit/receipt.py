@@ -108,11 +108,10 @@ def receipt_commitment(
             raise LogVerificationError(f"entry {receipt.index} holds no request commitment")
         return LoggedCommitment(found)
     link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
-    for index, record in log.find_request(receipt.request_id, proved.size):
+    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
         found = record.data.get("response_commitment")
         if record.type == "completion" and record.data["dispatch"] == link and found:
-            entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
-            _prove(log, index, leaf_hash(entry), proved.size, proved.root)
+            _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
             countersigned = statement_of_records(dispatch.data, record.data) is not None
             return LoggedCommitment(str(found), countersigned)
     raise LogVerificationError(
@@ -138,14 +137,13 @@ def check_countersignature_in_log(
         )
     link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
     completions = 0
-    for index, record in log.find_request(receipt.request_id, proved.size):
+    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
         if record.type != "completion" or record.data["dispatch"] != link:
             continue
         completions += 1
         logged = statement_of_records(dispatch.data, record.data)
         if logged is not None and logged[0] == statement:
-            entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
-            _prove(log, index, leaf_hash(entry), proved.size, proved.root)
+            _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
             return index
     if not completions:
         raise LogVerificationError(
@@ -169,12 +167,11 @@ def completion_that_sent_nothing(
     certificate refused: `sent_nothing`), else None. Such a dispatch names no key, and is
     no request sent over plain HTTP (`owngate audit receipt verify --backend-pin`)."""
     link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
-    for index, record in log.find_request(receipt.request_id, proved.size):
+    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
         if record.type == "completion" and record.data["dispatch"] == link:
             if not sent_nothing(record.data, backend):
                 return None
-            entry = log.bundle(index // TILE_WIDTH, proved.size)[index % TILE_WIDTH]
-            _prove(log, index, leaf_hash(entry), proved.size, proved.root)
+            _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
             return index
     return None
 

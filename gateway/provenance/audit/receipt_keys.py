@@ -27,7 +27,7 @@ from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipt_payload import Receipt
 from gateway.provenance.formats.receipts import verify_receipt
 
-__all__ = ["check_receipt_key", "receipt_signers"]
+__all__ = ["check_receipt_key", "check_receipt_log_key", "receipt_signers"]
 
 
 def receipt_signers(envelope: bytes, verifiers: Sequence[Verifier]) -> list[Verifier]:
@@ -40,6 +40,28 @@ def receipt_signers(envelope: bytes, verifiers: Sequence[Verifier]) -> list[Veri
             continue  # not signed by this key (a bad signature by it failed verify_receipt)
         found.append(verifier)
     return found
+
+
+def check_receipt_log_key(
+    envelope: bytes, receipt: Receipt, verifiers: Sequence[Verifier]
+) -> tuple[list[Verifier], bool]:
+    """The keys of `verifiers` that signed the receipt, and whether one of them is named
+    for the log the receipt says it is of (a log's key is named for its origin,
+    docs/provenance.md "Keys", as C2SP checkpoints recommend: nothing else ties a receipt's
+    `log` claim to a key without the log's checkpoints). Raises LogVerificationError when
+    a key named for that log is given and none of them signed it: a key another log's (a
+    replica's) signed a receipt claiming this log's origin."""
+    signers = receipt_signers(envelope, verifiers)
+    if any(signer.name == receipt.log for signer in signers):
+        return signers, True
+    own = [str(verifier) for verifier in verifiers if verifier.name == receipt.log]
+    if own:
+        raise LogVerificationError(
+            f"the receipt says it is of the log {receipt.log!r}, but it is signed by "
+            f"{', '.join(str(signer) for signer in signers)}, not by that log's key "
+            f"({', '.join(own)}): another log's key signed it"
+        )
+    return signers, False
 
 
 def check_receipt_key(

@@ -39,6 +39,7 @@ __all__ = [
     "countersignature_of",
     "make_receipt",
     "pae",
+    "receipt_claims",
     "receipt_version",
     "verify_receipt",
 ]
@@ -100,4 +101,17 @@ def verify_receipt(envelope: bytes, verifiers: Iterable[Verifier]) -> Receipt:
         return verify_batch_receipt(value, verifiers)
     payload = decode_base64(value.get("payload"), "payload")
     verify_signatures(RECEIPT_PAYLOAD_TYPE, payload, value.get("signatures"), verifiers)
+    return Receipt.from_payload(loads_strict(payload, "receipt payload"))
+
+
+def receipt_claims(envelope: bytes) -> Receipt:
+    """What a receipt's payload claims, its signature not checked: which entry it names,
+    for `owngate audit prove --receipt` to prove (the proof is then checked against the
+    receipt, signature and all, by `owngate audit proof verify --receipt`)."""
+    if len(envelope) > MAX_RECEIPT_BYTES:
+        raise MalformedError(f"receipt is over {MAX_RECEIPT_BYTES} bytes")
+    value = loads_strict(envelope, "receipt")
+    if not isinstance(value, dict) or value.get("payloadType") != RECEIPT_PAYLOAD_TYPE:
+        raise MalformedError(f"receipt is not a DSSE envelope of {RECEIPT_PAYLOAD_TYPE}")
+    payload = decode_base64(value.get("payload"), "payload")
     return Receipt.from_payload(loads_strict(payload, "receipt payload"))
