@@ -105,6 +105,11 @@ from types import ModuleType
 from typing import Any, Final
 
 from gateway.upstream.anthropic_deltas import install_delta_bound
+from gateway.upstream.hosted_libraries import (
+    install_botocore_bound,
+    install_hosted_roots,
+    install_requests_rules,
+)
 from gateway.upstream.hosted_stream import install_stream_bound
 from gateway.upstream.hosted_transport import (
     call_proxy,
@@ -209,6 +214,9 @@ def load_litellm() -> ModuleType:
     _proxy_per_call()  # a backend's `proxy`, not the environment's
     install_call_routes()  # every httpx client of a hosted call: the same, no env mounts
     install_transport_marks()  # a refusal before sending told from a provider's failure
+    install_requests_rules()  # a token fetch over `requests`: no env proxy or CA, bounded
+    install_hosted_roots()  # an httpx client's roots: certifi's or SSL_CERT_FILE, no SSL_CERT_DIR
+    install_botocore_bound()  # an AWS credential fetch's answer: bounded
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     install_text_client_default()  # a bridged text completion: the gateway's client, closed
