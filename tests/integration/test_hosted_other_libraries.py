@@ -71,9 +71,15 @@ asyncio.run(main())
 """
 
 
+# What a machine's environment may name as trusted (this one's CI sets several): only what
+# a test gives is set in the child.
+_TRUST = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE")
+
+
 def _call(endpoint: str, provider: str, url: str, model: str, **env: str) -> str:
     """The child's one line for a call of `endpoint` to `model`, with `env` set."""
-    environ = {**os.environ, "NO_PROXY": "", "no_proxy": "", **env}
+    inherited = {k: v for k, v in os.environ.items() if k not in _TRUST}
+    environ = {**inherited, "NO_PROXY": "", "no_proxy": "", **env}
     args = [endpoint, provider, url, model, PROMPT, KEY, str(LIMIT)]
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, *args],
@@ -110,8 +116,8 @@ def test_sagemaker_embeddings_are_refused_unsent(proxy: RawBackend) -> None:
         AWS_SECRET_ACCESS_KEY="not-a-real-secret",
         AWS_MAX_ATTEMPTS="1",
     )
-    assert out == "error status 400 model", out
     assert proxy.connections == 0, [post.head for post in proxy.posts]
+    assert out == "error status 400 model", out
 
 
 def _databricks(token_pad: int) -> RawBackend:
@@ -151,8 +157,8 @@ def test_a_databricks_token_fetch_takes_no_proxy_from_the_environment(proxy: Raw
         )
     finally:
         workspace.stop()
-    assert out.startswith("answered") and "FROM-PROVIDER" in out, out
     assert proxy.connections == 0, [post.head for post in proxy.posts]
+    assert out.startswith("answered") and "FROM-PROVIDER" in out, out
     assert _lines(workspace) == [
         b"POST /oidc/v1/token HTTP/1.1",
         b"POST /serving-endpoints/chat/completions HTTP/1.1",
