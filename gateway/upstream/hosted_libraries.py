@@ -24,6 +24,13 @@ Gateway `base_url`) trusted any CA in `SSL_CERT_DIR`. `install_hosted_roots` mak
 client created with `verify=True` trust certifi's bundle, or `SSL_CERT_FILE` when it is
 set: the design docs/security.md states for hosted calls.
 
+Nor may an adapter switch certificate checks off: LiteLLM's GigaChat handlers ask its client
+factory for `ssl_verify: False` (the OAuth token fetch, with the credentials; the upload of
+a message's images to the backend's `base_url`, and their download), and got a client
+that accepted any certificate, whatever `litellm.ssl_verify` said.
+`install_verified_clients` makes LiteLLM's `get_ssl_configuration` read `False` as unset:
+the forced `ssl_verify` (on), certifi's bundle or `SSL_CERT_FILE`.
+
 A prompt LiteLLM sends through botocore is not made to follow these rules: such a route
 (`BOTO3_ROUTES`: SageMaker embeddings, `invoke_endpoint`) is refused unsent, 400
 `invalid_request` with `param: model` (gateway/upstream/hosted.py `prepare`). botocore
@@ -48,6 +55,7 @@ __all__ = [
     "install_botocore_bound",
     "install_hosted_roots",
     "install_requests_rules",
+    "install_verified_clients",
 ]
 
 # (endpoint, LiteLLM route) whose prompt LiteLLM 1.108.7 sends through boto3, and why not.
@@ -209,6 +217,24 @@ def install_hosted_roots() -> None:
 
         setattr(create_ssl_context, _MARK, True)
         module.create_ssl_context = create_ssl_context  # the name its transports call
+
+
+def install_verified_clients() -> None:
+    """Make LiteLLM's `get_ssl_configuration` (which its HTTP handlers call, by the name
+    their modules imported) verify where an adapter asked for `ssl_verify=False`;
+    idempotent."""
+    for name in ("http_handler", "aiohttp_handler"):
+        module = importlib.import_module(f"litellm.llms.custom_httpx.{name}")
+        configure = module.get_ssl_configuration
+        if getattr(configure, _MARK, False):
+            continue
+
+        @functools.wraps(configure)
+        def get_ssl_configuration(ssl_verify: Any = None, _configure: Any = configure) -> Any:
+            return _configure(None if ssl_verify is False else ssl_verify)
+
+        setattr(get_ssl_configuration, _MARK, True)
+        module.get_ssl_configuration = get_ssl_configuration
 
 
 def _certifi() -> str:

@@ -9,6 +9,8 @@ their answers is bounded (gateway/upstream/hosted_libraries.py).
   token answer whole, however large.
 - AWS credentials botocore fetches itself (the container endpoint here; STS, instance
   metadata): read whole, however large.
+- GigaChat's handlers ask LiteLLM's client factory for `ssl_verify: False`: a message's
+  images were uploaded to the `base_url` over TLS that accepted any certificate.
 - The Azure client LiteLLM makes for a Cloudflare AI Gateway `base_url` (httpx's own
   TLS context) trusted a CA in `SSL_CERT_DIR`.
 
@@ -42,13 +44,18 @@ LIMIT = 1 << 20  # the call's max_answer_bytes
 # argv: endpoint, provider, base_url (`-`: none), provider_model; prints one line:
 # `answered <body>` or `error <kind> <status> <param>`.
 _SCRIPT = """
-import asyncio, sys
+import asyncio, base64, sys
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient, HostedError
 
 endpoint, provider, url, model = sys.argv[1:5]
-doc = ({"input": sys.argv[5]} if endpoint == "embeddings"
-       else {"messages": [{"role": "user", "content": sys.argv[5]}]})
+content = sys.argv[5]
+if endpoint == "chat+image":  # the prompt as a data URL image too
+    image = "data:image/png;base64," + base64.b64encode(content.encode()).decode()
+    endpoint, content = "chat", [{"type": "text", "text": content},
+        {"type": "image_url", "image_url": {"url": image}}]
+doc = ({"input": content} if endpoint == "embeddings"
+       else {"messages": [{"role": "user", "content": content}]})
 
 async def main():
     backend = BackendSettings.model_validate({"id": "h", "kind": "hosted",
@@ -317,3 +324,27 @@ def test_ssl_cert_dir_does_not_vouch_for_the_cloudflare_azure_client(tmp_path: P
     assert by_dir.split(" ")[:1] == ["error"], by_dir
     assert reached == 0
     assert by_file.startswith("answered") and "FROM-PROVIDER" in by_file, by_file
+
+
+def test_gigachat_uploads_a_messages_image_only_to_a_verified_peer(tmp_path: Path) -> None:
+    """LiteLLM's GigaChat adapter uploads each image of a message to `<base_url>/files`
+    on a client it asks for with `ssl_verify: False` (its OAuth token fetch too): a peer
+    with a certificate of a CA nothing trusts got the image, the prompt's content, and
+    the access token. Now that client verifies as every hosted one does: nothing reaches
+    the untrusted front."""
+    pki = Pki.create(tmp_path / "untrusted")  # a CA nothing trusts
+    provider = RawBackend(json_answer(completion_body("FROM-PROVIDER"))).start()
+    front = TLSFront(("127.0.0.1", provider.port), server_context(pki, pki.server())).start()
+    try:
+        out = _call(
+            "chat+image",
+            "gigachat",
+            f"{front.url}/api/v1",
+            "gigachat/GigaChat",
+            GIGACHAT_ACCESS_TOKEN="token-of-the-gateway",
+        )
+    finally:
+        front.stop()
+        provider.stop()
+    assert _lines(provider) == [], out
+    assert out.split(" ")[:1] == ["error"], out
