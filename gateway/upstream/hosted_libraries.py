@@ -129,7 +129,7 @@ def install_requests_rules() -> None:
         setattr(wrapper, _MARK, True)
     session.merge_environment_settings = merge_environment_settings
     session.send = bounded_send
-    sessions.get_netrc_auth = get_netrc_auth  # a module global `prepare_request` reads
+    setattr(sessions, "get_netrc_auth", get_netrc_auth)  # noqa: B010 - `prepare_request` reads it
 
 
 def install_botocore_bound() -> None:
@@ -216,7 +216,7 @@ def install_hosted_roots() -> None:
             return _create(verify=verify, cert=cert, trust_env=trust_env)
 
         setattr(create_ssl_context, _MARK, True)
-        module.create_ssl_context = create_ssl_context  # the name its transports call
+        setattr(module, "create_ssl_context", create_ssl_context)  # noqa: B010 - the name its transports call
 
 
 def install_verified_clients() -> None:
@@ -234,7 +234,7 @@ def install_verified_clients() -> None:
             return _configure(None if ssl_verify is False else ssl_verify)
 
         setattr(get_ssl_configuration, _MARK, True)
-        module.get_ssl_configuration = get_ssl_configuration
+        setattr(module, "get_ssl_configuration", get_ssl_configuration)  # noqa: B010 - a global
 
 
 def _certifi() -> str:
