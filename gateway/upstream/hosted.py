@@ -37,6 +37,7 @@ from gateway.upstream.hosted_errors import (
     local_reason,
 )
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
+from gateway.upstream.hosted_libraries import BOTO3_ROUTES
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.hosted_transport import Outbound, deadline_mover, watching
@@ -192,8 +193,11 @@ class HostedClient:
             if endpoint == "chat":  # what the provider would do beyond answering
                 refuse_provider_actions(doc)
             params, ignored = request_params(endpoint, doc)
-            if params.get("stream") and provider_model.partition("/")[0] in _SYNC_ONLY_ROUTES:
+            route = provider_model.partition("/")[0]
+            if params.get("stream") and route in _SYNC_ONLY_ROUTES:
                 raise InvalidField("stream", "false for this provider's route (no streams)")
+            if (endpoint, route) in BOTO3_ROUTES:
+                raise InvalidField("model", BOTO3_ROUTES[endpoint, route])
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
                 await check_media_urls(params, provider or self.provider, self._resolve)

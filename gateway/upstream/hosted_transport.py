@@ -70,6 +70,7 @@ __all__ = [
     "deadline_mover",
     "install_call_routes",
     "install_transport_marks",
+    "watched",
     "watching",
 ]
 
@@ -133,6 +134,11 @@ def watching(max_bytes: int | None = None, proxy: str | None = None) -> Iterator
     finally:
         outbound.ended = True
         _WATCHED.reset(token)
+
+
+def watched() -> Outbound | None:
+    """The hosted call being watched in this context, None outside one."""
+    return _WATCHED.get()
 
 
 def deadline_mover(deadline: asyncio.Timeout, by: float | None) -> Callable[[], None]:
