@@ -363,6 +363,12 @@ class AttestRelay:
             size = int(announced) if announced and announced.isdigit() else -1
             if 0 <= size <= self._settings.max_body:
                 _cover(held, size)
+                # All of it is held already (the framing ends the body at that length): no
+                # call per piece as it arrives; only a longer body would be counted after.
+                data = await response.read()
+                if len(data) > size:
+                    _cover(held, len(data))
+                return data
             return await response.read(reserve=lambda taken: _cover(held, taken))
         except UpstreamError as exc:
             raise GatewayError(

@@ -203,7 +203,8 @@ class RequestReader(asyncio.Protocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
-        self._release()
+        if self._held is not None:  # none after a request read whole (on_message_complete)
+            self._release()
         self._held = self._bodies.hold(self._max_held)
         self._head_begun = True
         self._target = b""
@@ -261,7 +262,11 @@ class RequestReader(asyncio.Protocol):
         self._body_size += len(body)
         if self._body_size > self._max_body:
             raise self._too_large()
-        self._cover(self._body_size)
+        held = self._held
+        # A declared length was held before any of the body was read (on_headers_complete):
+        # only bytes past what is held (a chunked body's) are covered now.
+        if held is not None and self._body_size > held.size:
+            self._cover(self._body_size)
         if self._more is not None:
             self._more += body
         elif self._body:
