@@ -175,7 +175,7 @@ class HttpPool:
         first_byte_timeout: float | None = None,
         *,
         connection: Connection | None = None,
-        withdrawn: Callable[[], str | None] = lambda: None,
+        withdrawn: Callable[[], str | None] | None = None,
         tenant: str | None = None,
     ) -> UpstreamResponse:
         """Send a request; returns once the status line and headers have arrived (within
@@ -201,7 +201,7 @@ class HttpPool:
             elif attempt == 0:
                 conn = await self.share.take(tenant, self._acquire)
             else:
-                gone = withdrawn()
+                gone = None if withdrawn is None else withdrawn()
                 if gone is not None:  # no handshake at an address given up either
                     raise UpstreamError("retired", gone)
                 conn = await self.share.take(tenant, self._connect)
@@ -224,7 +224,7 @@ class HttpPool:
                 if attempt == 0:
                     continue
                 raise UpstreamError("closed", "backend closed the connection before answering")
-            gone = withdrawn()
+            gone = None if withdrawn is None else withdrawn()
             if gone is not None:  # the gateway's doing (no breaker verdict): nothing written
                 conn.abort()
                 self._forget(conn)
