@@ -262,10 +262,8 @@ class RequestReader(asyncio.Protocol):
         self._body_size += len(body)
         if self._body_size > self._max_body:
             raise self._too_large()
-        held = self._held
-        # A declared length was held before any of the body was read (on_headers_complete):
-        # only bytes past what is held (a chunked body's) are covered now.
-        if held is not None and self._body_size > held.size:
+        held = self._held  # a declared length is held already (on_headers_complete)
+        if held is not None and self._body_size > held.size:  # past it: a chunked body
             self._cover(self._body_size)
         if self._more is not None:
             self._more += body
