@@ -9,6 +9,9 @@ keys (`verify_receipt`: the current and previous signing keys and the
 covers the record it names, with an inclusion proof (`check_receipt_in_log`), and that
 the key that signed it was the log's key when its entry was written
 (`check_receipt_key`: a key a rotation retired signs no receipt after its retirement).
+First, as `owngate audit receipt verify` does (`check_receipt_log_key`, the one rule): a
+receipt claiming a log whose key is among those keys must be signed by a key named for
+that log, never only by another one the log also trusts (a key named for another log).
 A forged or altered receipt, or one the log does not hold, is an answer (`valid: false`
 and the problem), not an error. Runs in a worker thread: the proof reads tiles from disk.
 """
@@ -37,7 +40,7 @@ from gateway.provenance import (
     verify_receipt,
 )
 from gateway.provenance.audit.receipt import check_receipt_in_log
-from gateway.provenance.audit.receipt_keys import check_receipt_key
+from gateway.provenance.audit.receipt_keys import check_receipt_key, check_receipt_log_key
 from gateway.provenance.formats.dsse import loads_strict
 from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES
 
@@ -150,6 +153,11 @@ def _check(envelope: bytes, log: LogDirectory, verifiers: list[Verifier]) -> dic
         "log_index": receipt.index,
         "inclusion": _UNCHECKED,
     }
+    try:  # the CLI's rule: a receipt of a log whose key is given is signed by that key
+        check_receipt_log_key(envelope, receipt, verifiers)
+    except ProvenanceError as exc:
+        verdict["problems"] = [str(exc)]
+        return verdict
     try:
         proved = check_receipt_in_log(log, receipt, verifiers)
     except (ProvenanceError, OSError, ValueError, IndexError) as exc:

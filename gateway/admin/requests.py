@@ -3,7 +3,8 @@
 
 Read from the log directory as an auditor would (`LogDirectory`): every record of the
 request that the latest checkpoint covers, and for each a C2SP tlog-proof against that
-checkpoint (the record itself as its extra line), which `owngate audit` and any
+checkpoint (the record itself as its extra line, the very bytes the record was read
+from: one reading of the log, `LogDirectory.find_request_entries`), which `owngate audit` and any
 tlog-proof client check offline. The id is looked up only in the form a record's
 request_id has (receipt_payload.py `REQUEST_ID`); any other is not found. Finding a
 request scans the log (no index is kept): in a worker thread, off the event loop, and one
@@ -26,7 +27,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import LogDirectory, ProvenanceError, TlogProof
 from gateway.provenance.formats.merkle import inclusion_proof
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
-from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
+from gateway.provenance.formats.tiles import TileReader
 
 __all__ = ["ProvedRecord", "RequestRecords", "router"]
 
@@ -61,11 +62,12 @@ def _records(directory: Path, request_id: str) -> RequestRecords:
         log = LogDirectory(directory)
         note = log.latest_note()
         size = int(note.split(b"\n")[1])
-        found = log.find_request(request_id, size)
+        # One reading: each record is proved from the very bytes it was parsed from, never
+        # a second reading of its bundle (which the operator may swap in between).
+        found = log.find_request_entries(request_id, size)
         reader = TileReader(log.path, size)
         proved = []
-        for index, record in found:
-            entry = log.bundle(index // TILE_WIDTH, size)[index % TILE_WIDTH]
+        for index, entry, record in found:
             hashes = tuple(inclusion_proof(index, size, reader.node))
             proof = TlogProof(index, hashes, note, extra=entry).format()
             proved.append(

@@ -328,6 +328,7 @@ def _open(args: argparse.Namespace) -> int:
             return 2
         envelope = read_receipt(args.receipt)
         receipt = verify_receipt(envelope, trusted_keys(args))
+        check_receipt_log_key(envelope, receipt, trusted_keys(args))  # as `receipt verify`
         salts = receipt.salts
         salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
         logged = receipt_commitment(LogDirectory(args.log), receipt, args.kind, trusted_keys(args))

@@ -32,10 +32,10 @@ def _failed_over(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
-) -> tuple[str, list[int]]:
-    """A request whose first attempt got a 503 and whose second answered; its receipt in
-    tmp_path / "receipt.json", and its records' indices once a checkpoint covers all four
-    (dispatch, completion, dispatch, completion)."""
+) -> tuple[Gateway, str, list[int]]:
+    """A request whose first attempt got a 503 and whose second answered: the gateway,
+    the request's id (its receipt in tmp_path / "receipt.json"), and its records' indices
+    once a checkpoint covers all four (dispatch, completion, dispatch, completion)."""
     posts: list[int] = []
 
     async def first_fails(writer: asyncio.StreamWriter, _post: Post) -> bool:
@@ -66,7 +66,7 @@ def _failed_over(
 
     until(both_covered, "both attempts' records signed")
     assert [r["type"] for _, r in found] == ["dispatch", "completion", "dispatch", "completion"]
-    return request_id, [i for i, _ in found]
+    return gateway, request_id, [i for i, _ in found]
 
 
 def _prove(tmp_path: Path, *argv: str) -> tuple[int, str, str]:
@@ -90,7 +90,7 @@ def test_the_proof_of_a_failed_over_request_is_of_the_attempt_its_receipt_names(
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
 ) -> None:
-    request_id, indices = _failed_over(start_raw, start_gateway, tmp_path)
+    _, request_id, indices = _failed_over(start_raw, start_gateway, tmp_path)
 
     code, by_default, note = _prove(tmp_path, request_id)
     assert code == 0, note
@@ -111,7 +111,7 @@ def test_each_attempt_can_be_proved_by_its_index(
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
 ) -> None:
-    request_id, (first, _, served, completed) = _failed_over(start_raw, start_gateway, tmp_path)
+    _, request_id, (first, _, served, completed) = _failed_over(start_raw, start_gateway, tmp_path)
     code, proof, err = _prove(tmp_path, request_id, "--index", str(first))
     assert code == 0, err
     assert TlogProof.parse(proof).index == first
@@ -126,3 +126,28 @@ def test_each_attempt_can_be_proved_by_its_index(
     assert code == 1 and "is a completion record, not a dispatch record" in err, err
     code, _, err = _prove(tmp_path, "another-request", "--receipt", str(tmp_path / "receipt.json"))
     assert code == 1 and "the receipt is of request" in err, err
+
+
+def test_the_tenants_own_proof_after_a_failover_is_of_the_attempt_its_receipt_names(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """`GET /v1/provenance/proofs/{id}`: the client's proof of its own request proves the
+    entry its receipt names (the served attempt's dispatch), which `proof verify
+    --receipt` accepts; the receipt fetched again is the one the answer carried."""
+    gateway, request_id, (first, _, served, _) = _failed_over(start_raw, start_gateway, tmp_path)
+    url = f"{gateway.url}/v1/provenance"
+    fetched: list[httpx.Response] = []
+
+    def proof_served() -> bool:
+        fetched[:] = [httpx.get(f"{url}/proofs/{request_id}", headers=gateway.headers)]
+        return fetched[0].status_code == 200
+
+    until(proof_served, "the tenant's proof once a checkpoint covers its request")
+    proof = fetched[0].text
+    assert TlogProof.parse(proof).index == served != first
+    assert _verify_with_receipt(tmp_path, proof) == 0
+    again = httpx.get(f"{url}/receipts/{request_id}", headers=gateway.headers)
+    assert again.status_code == 200
+    assert again.content == (tmp_path / "receipt.json").read_bytes()

@@ -59,7 +59,7 @@ class _Scans:
 def scans(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Scans]:
     held = _Scans()
     monkeypatch.setattr(LogDirectory, "latest_note", lambda log: b"scans.test/log\n7\nroot\n")
-    monkeypatch.setattr(LogDirectory, "find_request", held.find_request)
+    monkeypatch.setattr(LogDirectory, "find_request_entries", held.find_request)
     yield held
     held.release.set()
 
