@@ -203,8 +203,7 @@ class RequestReader(asyncio.Protocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
-        if self._held is not None:  # none after a request read whole (on_message_complete)
-            self._release()
+        self._release()
         self._held = self._bodies.hold(self._max_held)
         self._head_begun = True
         self._target = b""
