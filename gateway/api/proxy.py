@@ -35,10 +35,11 @@ from gateway.api.attempt_errors import attempt_error, stopped
 from gateway.api.attempt_media import media_narrowed, media_refusal
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
-from gateway.api.decided import Decided, decide, withdrawn_by_reload
+from gateway.api.decided import Decided, withdrawn_by_reload
 from gateway.api.exchange import Exchange, TryNext, client_left, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay, NotSent
-from gateway.api.labels import UNKNOWN, excerpt
+from gateway.api.labels import UNKNOWN
+from gateway.api.listing import decide_listed
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
 from gateway.api.private_media import MediaRefs
@@ -136,13 +137,6 @@ class Proxy:
         exchange.stream = doc.get("stream") is True
         # Only a configured name is logged or recorded: the client's string may be anything.
         exchange.model = model if model in self._registry.routes else UNKNOWN
-        routes = self._registry.routes.get(model) if tenant.may_use(model) else None
-        if routes is None:
-            raise GatewayError(
-                ErrorCode.model_not_found,
-                f"The model `{excerpt(model)}` does not exist or you do not have access to it.",
-                param="model",
-            )
         if self._trust.stale:  # a worker whose siblings may enforce newer policies
             raise GatewayError(ErrorCode.not_ready, STALE_POLICIES, headers=_RETRY_SOON)
         if exchange.admission is not None:  # before any backend may see the prompt
@@ -157,7 +151,10 @@ class Proxy:
             exchange.trail.ask = doc  # what bounds the tokens charged (usage_bound.py)
         try:  # one read of the active set: the decision is its
             policy = self._trust.current
-            decided = decide(policy, self._metrics, exchange, tenant.id, model, scope)
+            # A model the tenant's `/v1/models` does not list: the 404 of one that does
+            # not exist, a refusal recorded with the rule that refused it (listing.py).
+            registry, metrics = self._registry, self._metrics
+            decided = decide_listed(policy, registry, metrics, exchange, tenant, model, scope)
         except Refused as refused:
             await self._refused(exchange, refused)
             raise

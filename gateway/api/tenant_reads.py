@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from gateway.api.listing import listed
 from gateway.api.runtime import Runtime
 from gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from gateway.errors import ErrorCode, GatewayError
@@ -25,7 +26,8 @@ class TenantReads:
         self._authenticate = authenticate
 
     async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
-        """`GET /v1/models`: the models the tenant may use and its policy does not refuse,
+        """`GET /v1/models`: the models the tenant may use and its policy does not refuse
+        (`listed`: every other name is the proxied paths' 404 of one that does not exist),
         each `owned_by` the owner of the first backend (gateway.yaml order) serving it
         that the tenant's policy admits."""
         try:
@@ -39,10 +41,8 @@ class TenantReads:
         policy, registry = parts.policies.current, parts.registry
         data = []
         for name in sorted(registry.routes):
-            if not tenant.may_use(name):
-                continue
-            decision = policy.decide(tenant.id, name, None)
-            if decision.refusal is not None:
+            decision = listed(policy, registry, tenant, name)  # what the proxied paths ask
+            if decision is None:
                 continue
             # The owner of a backend this tenant's policy admits, never of one it denies
             # (another tenant's, an owner the policy excluded: docs/security.md).

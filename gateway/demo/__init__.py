@@ -235,7 +235,8 @@ owngate demo is running at {url}
   demo API key (shown once):  {key}
       tenant demo: private first; gpt-4o-mini (hosted only) allowed as a fallback
   EU tenant key (shown once): {eu_key}
-      tenant demo-eu: EU and zero retention only; gpt-4o-mini is refused (403, names the rule)
+      tenant demo-eu: EU and zero retention only; gpt-4o-mini is not among its models
+      (404, as for a model that does not exist; the signed log names the rule)
 
 Try it:
   curl -s {url}/v1/chat/completions \\

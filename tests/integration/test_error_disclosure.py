@@ -123,17 +123,14 @@ def test_a_served_request_has_no_unserved_field(sim: Sim, tmp_path: Path) -> Non
     assert "unserved" not in line
 
 
-# Three tenants, each refused by another section of its own policy: the reason each
-# exclusion has names the backend's id, its region or its provider model.
+# Three tenants, each refused by another section of its own policy's data class `x` (so
+# the model is in the tenant's `/v1/models`, and the 403 is its answer; a model the
+# tenant cannot see gets a 404, test_model_enumeration.py): the reason each exclusion has
+# names the backend's id, its region or its provider model.
 _REFUSING_POLICIES = {
-    "residency": "residency: {allow: [eu]}\n  retention: {max_days: any}",
-    "backends": (
-        "residency: {allow: ['*']}\n  retention: {max_days: any}\n"
-        "  backends: {deny: ['gpu-secret-*']}"
-    ),
-    "models": (
-        "residency: {allow: ['*']}\n  retention: {max_days: any}\n  models: {deny: ['gpt-secret*']}"
-    ),
+    "residency": "residency: {allow: [eu]}",
+    "backends": "backends: {deny: ['gpu-secret-*']}",
+    "models": "models: {deny: ['gpt-secret*']}",
 }
 _FALLBACK = {
     "residency": "fallback: {mode: never}",
@@ -156,7 +153,9 @@ def test_a_403_names_the_rule_not_the_backends_it_judged(tmp_path: Path) -> None
         (policies / f"{name}.yaml").write_text(
             "apiVersion: policy.owngate.dev/v1\nkind: Policy\n"
             f"metadata: {{id: p-{name}, version: '1'}}\n"
-            f"spec:\n  tenants: [t-{name}]\n  {sections}\n  {_FALLBACK[name]}\n"
+            f"spec:\n  tenants: [t-{name}]\n  residency: {{allow: ['*']}}\n"
+            f"  retention: {{max_days: any}}\n  {_FALLBACK[name]}\n"
+            f"  data_classes:\n    x: {{{sections}}}\n"
         )
     dead = f"http://127.0.0.1:{free_port()}"  # nothing is dispatched: no server needed
     config = {
@@ -181,7 +180,7 @@ def test_a_403_names_the_rule_not_the_backends_it_judged(tmp_path: Path) -> None
                 name: client.post(
                     "/v1/chat/completions",
                     json={**CHAT, "model": asked[name]},
-                    headers={"authorization": f"Bearer {keys[name]}"},
+                    headers={"authorization": f"Bearer {keys[name]}", "x-data-class": "x"},
                 )
                 for name in keys
             }
@@ -192,6 +191,7 @@ def test_a_403_names_the_rule_not_the_backends_it_judged(tmp_path: Path) -> None
         assert response.status_code == 403, (name, response.text)
         error = response.json()["error"]
         assert error["code"] == "policy_denied"
-        assert error["message"].startswith(f"policy p-{name}/{name}: "), error["message"]
+        rule = f"p-{name}/data_classes.x/{name}"
+        assert error["message"].startswith(f"policy {rule}: "), error["message"]
         for secret in secrets:
             assert secret not in error["message"], (name, secret, error["message"])

@@ -115,7 +115,8 @@ def test_a_models_deny_holds_for_a_hosted_model_under_any_public_name(
 ) -> None:
     """The operator serves `openai/gpt-4o` as `fast` (and `m` as itself); the security
     team's policy denies `gpt-4o*`. `fast` used to be sent: the rule judged only the
-    public name. Now it is refused, naming the rule, and nothing reaches the provider."""
+    public name. Now it is refused, and nothing reaches the provider: the 404 of a model
+    that does not exist, since the policy hides it from the tenant's `/v1/models`."""
     models: list[dict[str, Any]] = [
         {"name": "fast", "aliases": ["quick"], "provider_model": "openai/gpt-4o"},
         {"name": "m", "provider_model": "openai/m"},
@@ -124,9 +125,8 @@ def test_a_models_deny_holds_for_a_hosted_model_under_any_public_name(
     for name in ("fast", "quick"):
         doc = {"model": name, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         response = post(gateway, "/v1/chat/completions", doc)
-        assert response.status_code == 403, response.text
-        error = response.json()["error"]
-        assert error["code"] == "policy_denied" and "hosted-only/models" in error["message"]
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "model_not_found"
     assert sim.app.captured("/v1/chat/completions") == []
     ok = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     assert post(gateway, "/v1/chat/completions", ok).status_code == 200  # the rig works

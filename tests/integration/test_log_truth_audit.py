@@ -266,8 +266,9 @@ def test_a_refused_request_is_logged_with_the_body_the_client_sent(
     tmp_path: Path,
 ) -> None:
     """The policy admits no backend (the private one declares no zero retention): the
-    client's 403 carries the receipt of a refusal record, whose request commitment opens
-    with the client's bytes; nothing was sent to the backend."""
+    client's 404 (the model is not in its `/v1/models`) carries the receipt of a refusal
+    record, whose request commitment opens with the client's bytes; nothing was sent to
+    the backend."""
     raw = start_raw(writes(whole_answer(200, ANSWER, JSON)))
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
@@ -278,7 +279,7 @@ def test_a_refused_request_is_logged_with_the_body_the_client_sent(
         policy={"paths": [str(tmp_path / "policies")]},
     )
     received = client_gets(gateway, WHOLE)
-    assert received.status == 403, received.body
+    assert received.status == 404, received.body  # `m` is not in the tenant's /v1/models
     request_id = received.headers["x-request-id"]
     settled(tmp_path / "log", vkey, request_id)
     assert audit(received, tmp_path / "log", vkey) == []

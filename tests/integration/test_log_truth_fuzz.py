@@ -78,7 +78,12 @@ _CONCURRENCY = int(os.environ.get("OWNGATE_TRUTH_FUZZ_CONCURRENCY", "1"))
 _MARK = re.compile(rb"case-(\d+)-([a-z]+)-")
 _ERROR_EVENT = re.compile(rb'data: \{"error":\{[^\r\n]*\}\}\n\n')
 _ERROR_STATUS = {"upstream_error": 502, "upstream_timeout": 504, "not_ready": 503}
-_REFUSAL_STATUS = {"policy_denied": 403, "no_compliant_backend": 503, "unknown_data_class": 400}
+_REFUSAL_STATUS = {
+    "policy_denied": 403,
+    "no_compliant_backend": 503,
+    "unknown_data_class": 400,
+    "model_not_found": 404,  # a model the tenant's `/v1/models` does not list
+}
 # Every client read is bounded by this; the gateway's own timeouts are well within it.
 _CLIENT_LIMIT_S = 30.0
 # The gateway's: two attempts, each within connect + first byte + the reads between.

@@ -147,7 +147,7 @@ class Rounds:
         self.count += 1
         assert self.count <= 60, "a worker kept serving under the old set"
         statuses = send_round(self.url)
-        return set(statuses) == {403} and logged(self.log_dir, "refusal")
+        return set(statuses) == {404} and logged(self.log_dir, "refusal")  # hidden: 404
 
 
 def assert_each_log_names_its_set(log_dir: Path, vkey: str) -> None:
@@ -319,7 +319,7 @@ def test_a_worker_that_could_not_read_the_narrowed_policy_refuses_until_it_does(
         # enforce it and every answer is the sibling's kind of refusal: right, but the
         # round shows no stale worker (it still shows no answer under the older set).
         reread = read_after_failing(gateway.stderr()[before:], index)
-        assert set(statuses) == ({403} if reread and 503 not in statuses else {403, 503}), statuses
+        assert set(statuses) == ({404} if reread and 503 not in statuses else {404, 503}), statuses
         for answer in answers:
             if answer.status_code == 503:
                 assert answer.headers["retry-after"] == "1"
@@ -379,7 +379,7 @@ def test_a_stale_worker_whose_next_read_finds_invalid_content_stays_stale(
     its set, the sibling version 2 and this one version 1. This one still holds the set
     its sibling left, so it stays stale (503, not ready); before, the failed read of the
     invalid file cleared the flag and it served 200 under version 1 beside the sibling's
-    403 under version 2, until the next valid change."""
+    404 under version 2, until the next valid change."""
     gateway, vkey = start_workers(
         start_sim, tmp_path, {"paths": ["policies/p.yaml"], "reload_interval_s": 0.2}
     )
@@ -424,9 +424,9 @@ def test_a_stale_worker_whose_next_read_finds_invalid_content_stays_stale(
             ]
             ready = {client.get("/readyz").status_code for _ in range(ROUND)}
         assert 200 not in statuses, statuses  # before: the stale worker's share, version 1
-        assert set(statuses) == {403, 503}, statuses
+        assert set(statuses) == {404, 503}, statuses
         assert ready == {200, 503}, ready
-        write_policy(policy, "2", "ap")  # the typo fixed: both read it, both refuse 403
+        write_policy(policy, "2", "ap")  # the typo fixed: both read it, both refuse 404
         until(rounds.refusing, "both workers refusing under the narrowed set", timeout=60)
     finally:
         gateway.stop(signal.SIGTERM)

@@ -245,7 +245,7 @@ OUTCOMES = [
     ("backend fails (500), a hosted one serves", {"model": "failover"}, 200),  # p500, h200
     ("no first byte in time", {"model": "slow"}, 504),
     ("stream broken off mid-way", {"model": "breaks", "stream": True}, 200),
-    ("policy refuses", {"model": "h-denied"}, 403),
+    ("policy refuses", {"model": "h-denied"}, 404),  # not in the tenant's /v1/models
     ("unknown model", {"model": "nope"}, 404),
     ("control field refused before dispatch", {"model": "ok", "api_base": "http://x"}, 400),
     ("client leaves mid-request", {"model": "slow", "leave": True}, 0),
