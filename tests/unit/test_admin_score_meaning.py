@@ -15,7 +15,12 @@ from gateway.admin.models import BackendStatus
 from gateway.config.schema import PoolSettings, RoutingSettings
 from gateway.routing.picker import Picker
 from gateway.routing.registry import Registry
+from gateway.routing.signals import BackendLoad
 from tests.helpers.gateways import backend, gateway_config
+
+
+def _unknown(backend_id: str) -> BackendLoad | None:
+    return None  # nothing scraped: the gateway's own in-flight counts decide
 
 
 def test_the_backend_tried_first_has_the_higher_score_and_the_schema_says_so() -> None:
@@ -24,7 +29,7 @@ def test_the_backend_tried_first_has_the_higher_score_and_the_schema_says_so() -
     )
     routes = list(Registry.build(config, environ={}).routes["m"])
     routes[0].backend.inflight = 3  # busier: routing prefers b1
-    picker = Picker(RoutingSettings(default=PoolSettings()), {}.get, random.Random(7))
+    picker = Picker(RoutingSettings(default=PoolSettings()), _unknown, random.Random(7))
     first = picker.order("m", routes, None)[0].backend
     pool = picker.pool("m")
     scores = {r.backend.id: picker.score(pool, r.backend, False) for r in routes}
