@@ -79,7 +79,9 @@ class BackendStatus(_Model):
     metrics_age_s: float | None
     metrics_stale: bool
     metrics_error: str | None
-    scores: dict[str, float] = Field(description="routing score per model (lower is better)")
+    scores: dict[str, float] = Field(
+        description="routing score per model (higher is better: the backend tried first)"
+    )
 
 
 class QueueStatus(_Model):

@@ -24,9 +24,11 @@ by default only attention-TP rank 0 reports, but with
 same numbers, so series that differ only in those labels are merged by taking their
 maximum before summing (``dp_rank`` groups are real, separate queues). A NaN in any
 series makes that signal unknown, and so does a value no server could report: a
-negative or infinite count or KV use. A backend is trusted to serve, not to measure
-itself honestly: a huge running count (read as its slot count) with a queue of minus as
-much would make it look idle under any load and draw every request of its model.
+negative or infinite count or KV use, a count that is not a whole number or is past
+``MAX_COUNT``, or series whose total overflows to infinity. A backend is trusted to
+serve, not to measure itself honestly: a huge running count (read as its slot count)
+with a queue of minus as much would make it look idle under any load and draw every
+request of its model.
 A learned slot count (``/props``, ``/slots``) past ``MAX_LEARNED_SLOTS`` is unknown too;
 ``capacity.max_concurrency`` in gateway.yaml overrides what a backend says.
 
@@ -71,6 +73,8 @@ BackendKind = Literal["vllm", "llamacpp", "sglang"]
 
 # llama-server's `--parallel` in practice is a few to a few dozen; each slot holds a context.
 MAX_LEARNED_SLOTS = 1024
+# The largest running or waiting count read: every whole float up to it is exact.
+MAX_COUNT = 2**53
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +139,8 @@ def load_from_metrics(kind: BackendKind, samples: Mapping[str, Sequence[Sample]]
             kv_usage = _mean(_merge_replicas(samples[name], spec.replica_labels))
             break
     return BackendLoad(
-        running=_sum(_merge_replicas(samples.get(spec.running, ()), spec.replica_labels)),
-        waiting=_sum(_merge_replicas(samples.get(spec.waiting, ()), spec.replica_labels)),
+        running=_count(_merge_replicas(samples.get(spec.running, ()), spec.replica_labels)),
+        waiting=_count(_merge_replicas(samples.get(spec.waiting, ()), spec.replica_labels)),
         kv_usage=kv_usage,
         slots_total=None,
     )
@@ -170,10 +174,23 @@ def _merge_replicas(series: Sequence[Sample], replica_labels: frozenset[str]) ->
 
 
 def _sum(values: Sequence[float]) -> float | None:
-    """The total, or None: no series, or one that is NaN, negative or infinite."""
+    """The total, or None: no series, or one that is NaN, negative or infinite, or a
+    total that overflows (two series of 1e308 each sum to infinity)."""
     if not values or not all(0.0 <= value < math.inf for value in values):
         return None  # `NaN <= x` is False too
-    return float(sum(values))
+    total = float(sum(values))
+    return total if total < math.inf else None
+
+
+def _count(values: Sequence[float]) -> float | None:
+    """A count of requests: `_sum`, and None unless every series and the total are
+    whole numbers up to `MAX_COUNT`. A count of 0.5 or 1e19 requests is no server's:
+    the admin views show counts as integers (a fractional one made every
+    `/admin/v1/status` a 500), and past 2**53 a float is not one integer."""
+    total = _sum(values)
+    if total is None or total > MAX_COUNT or not all(v.is_integer() for v in values):
+        return None
+    return total
 
 
 def _mean(values: Sequence[float]) -> float | None:
