@@ -214,6 +214,55 @@ def test_a_ca_named_in_requests_variables_does_not_vouch_for_a_token_endpoint(
 
 
 @pytest.fixture
+def redirecting_workspace() -> Iterator[tuple[str, list[int]]]:
+    """A Databricks workspace whose token endpoint answers `302 Found` with a body of 64
+    MiB, and the bytes it got written of each such answer before the reader hung up."""
+    written: list[int] = []
+    body_size, piece = 64 * LIMIT, b"x" * 65536
+
+    class Workspace(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(302)
+            self.send_header("location", "/oidc/v1/elsewhere")
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(body_size))
+            self.end_headers()
+            sent = 0
+            with contextlib.suppress(OSError):  # the gateway stopped reading: as wanted
+                while sent < body_size:
+                    self.wfile.write(piece)
+                    sent += len(piece)
+            written.append(sent)
+            self.close_connection = True
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Workspace)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", written
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_a_redirect_from_the_token_endpoint_is_read_no_further_than_the_bound(
+    redirecting_workspace: tuple[str, list[int]],
+) -> None:
+    """`requests` not following a redirect still read the redirect's body whole (its
+    `Session.send` asks `resolve_redirects` for the next request, which consumes the
+    answer, decoded, before the bound's read): a token endpoint answering 302 with 64 MiB
+    had all of it read into memory (a gzip-coded one, inflated). Now the answer is read to
+    max_answer_bytes and the call fails as a too-large answer, the prompt unsent."""
+    url, written = redirecting_workspace
+    out = _call("chat", "databricks", f"{url}/serving-endpoints", "databricks/m", **_OAUTH)
+    assert len(written) == 1 and written[0] < 32 * LIMIT, written
+    assert out.split(" ")[:2] == ["error", "too_large"], out
+
+
+@pytest.fixture
 def credentials_endpoint() -> Iterator[tuple[str, list[str]]]:
     """A container credentials endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI`) whose
     answer is padded with 8 MiB, and the paths it was asked for."""
