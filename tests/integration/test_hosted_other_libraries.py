@@ -262,6 +262,34 @@ def test_a_redirect_from_the_token_endpoint_is_read_no_further_than_the_bound(
     assert out.split(" ")[:2] == ["error", "too_large"], out
 
 
+def test_sslkeylogfile_gets_no_hosted_calls_tls_secrets(tmp_path: Path) -> None:
+    """`SSLKEYLOGFILE` in the environment had every hosted call's TLS secrets written to
+    the file it names: Python's `ssl.create_default_context` (LiteLLM's contexts, the
+    hosted roots') and urllib3's (`requests`: the Databricks token fetch) read it, so
+    whoever read the file and the traffic read the prompt, the key and the token. The
+    gateway's own contexts never wrote one; a hosted call's write none either now."""
+    pki = Pki.create(tmp_path / "ca")
+    workspace = _databricks(0)
+    front = TLSFront(("127.0.0.1", workspace.port), server_context(pki, pki.server())).start()
+    keylog = tmp_path / "keys.log"
+    try:
+        out = _call(
+            "chat",
+            "databricks",
+            f"{front.url}/serving-endpoints",
+            "databricks/m",
+            SSL_CERT_FILE=str(pki.directory / "ca.pem"),
+            SSLKEYLOGFILE=str(keylog),
+            **_OAUTH,
+        )
+    finally:
+        front.stop()
+        workspace.stop()
+    assert out.startswith("answered") and "FROM-PROVIDER" in out, out  # both went over TLS
+    assert len(workspace.posts) == 2
+    assert not keylog.exists() or keylog.read_bytes() == b"", keylog.read_bytes()[:200]
+
+
 @pytest.fixture
 def credentials_endpoint() -> Iterator[tuple[str, list[str]]]:
     """A container credentials endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI`) whose
