@@ -13,9 +13,10 @@ the whole answer into memory, however large (a hostile endpoint's 200 MB token a
 `requests` call made within a watched hosted call (gateway/upstream/hosted_transport.py
 `watching`) go straight to its URL, or through the backend's `proxy`, verify against
 certifi's bundle or `SSL_CERT_FILE` (as LiteLLM's own clients do), ask for `identity`
-and refuse another coding unread, stop at a redirect, and read its answer to
-`limits.max_response_bytes` at most (`AnswerTooLarge`, the call's `cut`, as for an httpx
-answer). Outside a watched call `requests` is left as it is.
+and refuse another coding unread, stop at a redirect (its body read to the same bound:
+`requests` read a redirect's body whole, decoded, to make the request it did not send),
+and read its answer to `limits.max_response_bytes` at most (`AnswerTooLarge`, the
+call's `cut`, as for an httpx answer). Outside a watched call `requests` is left as it is.
 
 httpx (and httpx2) build a client's TLS context from `SSL_CERT_FILE`, else from the
 directory `SSL_CERT_DIR` names, else their default (certifi's, the OS's): an OpenAI SDK
@@ -90,6 +91,7 @@ def install_requests_rules() -> None:
     if getattr(session.send, _MARK, False):
         return
     merge, send, netrc = session.merge_environment_settings, session.send, sessions.get_netrc_auth
+    redirects = session.resolve_redirects
 
     @functools.wraps(merge)
     def merge_environment_settings(self: Any, url: Any, proxies: Any, *args: Any) -> Any:
@@ -122,13 +124,25 @@ def install_requests_rules() -> None:
             raise
         return response
 
+    @functools.wraps(redirects)
+    def resolve_redirects(self: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        # `Session.send` asks, a redirect not followed, for the request it would make next
+        # (`Response.next`), and this generator reads the answer's body whole for it,
+        # decoded, before `bounded_send` reads it: a 302 of any size (or a gzip bomb) was
+        # read into memory. Within a hosted call no redirect is followed: nothing to make.
+        if watched() is not None:
+            return iter(())
+        return redirects(self, response, *args, **kwargs)
+
     def get_netrc_auth(*args: Any, **kwargs: Any) -> Any:
         return None if watched() is not None else netrc(*args, **kwargs)
 
-    for wrapper in (merge_environment_settings, bounded_send, get_netrc_auth):
+    wrappers = (merge_environment_settings, bounded_send, resolve_redirects, get_netrc_auth)
+    for wrapper in wrappers:
         setattr(wrapper, _MARK, True)
     session.merge_environment_settings = merge_environment_settings
     session.send = bounded_send
+    session.resolve_redirects = resolve_redirects
     setattr(sessions, "get_netrc_auth", get_netrc_auth)  # noqa: B010 - `prepare_request` reads it
 
 

@@ -17,8 +17,9 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   stays on LiteLLM's Python implementation, the one tested here);
   `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
   included, is printed to stdout); `SSL_VERIFY` removed (`False` turned certificate checks
-  off for every hosted call; `ssl_verify` is forced on) and `SSL_SECURITY_LEVEL` (an
-  OpenSSL level of 0 allows any cipher).
+  off for every hosted call; `ssl_verify` is forced on), `SSL_SECURITY_LEVEL` (an
+  OpenSSL level of 0 allows any cipher) and `SSLKEYLOGFILE` (every hosted call's TLS
+  secrets were written to the file it names).
 - Proxies: only a hosted backend's `proxy` (gateway.yaml), none from the environment.
   Its aiohttp transport read `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (any case) on every
   request, and the httpx clients it makes without a transport mount them: the proxy read
@@ -145,6 +146,9 @@ _REMOVED_ENVIRONMENT: Final = (
     "AIOHTTP_TRUST_ENV",  # its aiohttp sessions: proxies (and .netrc) from the environment
     "SSL_VERIFY",  # `false` turned certificate checks off for every hosted call
     "SSL_SECURITY_LEVEL",  # an OpenSSL security level (`0`: any cipher, any key size)
+    # Python's `create_default_context` and urllib3's contexts wrote each hosted call's TLS
+    # secrets to the file it names (the gateway's own contexts never read it)
+    "SSLKEYLOGFILE",
     "DISABLE_AIOHTTP_TRANSPORT",  # httpx's pool: hosted connections the share would not count
     "LITELLM_HTTP2",  # the same (aiohttp has no HTTP/2)
 )

@@ -214,6 +214,83 @@ def test_a_ca_named_in_requests_variables_does_not_vouch_for_a_token_endpoint(
 
 
 @pytest.fixture
+def redirecting_workspace() -> Iterator[tuple[str, list[int]]]:
+    """A Databricks workspace whose token endpoint answers `302 Found` with a body of 64
+    MiB, and the bytes it got written of each such answer before the reader hung up."""
+    written: list[int] = []
+    body_size, piece = 64 * LIMIT, b"x" * 65536
+
+    class Workspace(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(302)
+            self.send_header("location", "/oidc/v1/elsewhere")
+            self.send_header("content-type", "text/plain")
+            self.send_header("content-length", str(body_size))
+            self.end_headers()
+            sent = 0
+            with contextlib.suppress(OSError):  # the gateway stopped reading: as wanted
+                while sent < body_size:
+                    self.wfile.write(piece)
+                    sent += len(piece)
+            written.append(sent)
+            self.close_connection = True
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Workspace)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", written
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_a_redirect_from_the_token_endpoint_is_read_no_further_than_the_bound(
+    redirecting_workspace: tuple[str, list[int]],
+) -> None:
+    """`requests` not following a redirect still read the redirect's body whole (its
+    `Session.send` asks `resolve_redirects` for the next request, which consumes the
+    answer, decoded, before the bound's read): a token endpoint answering 302 with 64 MiB
+    had all of it read into memory (a gzip-coded one, inflated). Now the answer is read to
+    max_answer_bytes and the call fails as a too-large answer, the prompt unsent."""
+    url, written = redirecting_workspace
+    out = _call("chat", "databricks", f"{url}/serving-endpoints", "databricks/m", **_OAUTH)
+    assert len(written) == 1 and written[0] < 32 * LIMIT, written
+    assert out.split(" ")[:2] == ["error", "too_large"], out
+
+
+def test_sslkeylogfile_gets_no_hosted_calls_tls_secrets(tmp_path: Path) -> None:
+    """`SSLKEYLOGFILE` in the environment had every hosted call's TLS secrets written to
+    the file it names: Python's `ssl.create_default_context` (LiteLLM's contexts, the
+    hosted roots') and urllib3's (`requests`: the Databricks token fetch) read it, so
+    whoever read the file and the traffic read the prompt, the key and the token. The
+    gateway's own contexts never wrote one; a hosted call's write none either now."""
+    pki = Pki.create(tmp_path / "ca")
+    workspace = _databricks(0)
+    front = TLSFront(("127.0.0.1", workspace.port), server_context(pki, pki.server())).start()
+    keylog = tmp_path / "keys.log"
+    try:
+        out = _call(
+            "chat",
+            "databricks",
+            f"{front.url}/serving-endpoints",
+            "databricks/m",
+            SSL_CERT_FILE=str(pki.directory / "ca.pem"),
+            SSLKEYLOGFILE=str(keylog),
+            **_OAUTH,
+        )
+    finally:
+        front.stop()
+        workspace.stop()
+    assert out.startswith("answered") and "FROM-PROVIDER" in out, out  # both went over TLS
+    assert len(workspace.posts) == 2
+    assert not keylog.exists() or keylog.read_bytes() == b"", keylog.read_bytes()[:200]
+
+
+@pytest.fixture
 def credentials_endpoint() -> Iterator[tuple[str, list[str]]]:
     """A container credentials endpoint (`AWS_CONTAINER_CREDENTIALS_FULL_URI`) whose
     answer is padded with 8 MiB, and the paths it was asked for."""
