@@ -176,6 +176,13 @@ class EventReader:
             # (fed whole events only, a read ends with LF: a CR only here ends the bytes)
             self._skip_lf = not rest and buffer[-1:] == b"\r"
 
+    @property
+    def keeps_id(self) -> bool:
+        """Whether the SDK reads on holding an event id, so that a blank line, even one
+        after a whole event (the gateway's receipt line ends with one), dispatches an
+        event without data, whose `json()` of "" raises."""
+        return self._id and not self.stopped
+
     def finish(self) -> None:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's
         bytes after the backend's end it)."""

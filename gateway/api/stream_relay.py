@@ -154,6 +154,8 @@ class StreamRelay:
             flushed = watch.feed(comments.flush())
             last = await _relay_chunk(send, exchange, flushed, watch, tail) or last
             last = await _relay_chunk(send, exchange, watch.flush(), watch, tail) or last
+            if tail is None and watch.events.keeps_id:
+                last = await _relay_chunk(send, exchange, _id_reset(last, watch), watch, tail)
             _sent(exchange, watch, tail)  # (what the write buffer held may be out now)
             watch.end()  # the receipt line ends the client's last event
             if response.ended_by_close and not _ended(watch):
@@ -234,6 +236,19 @@ def _ended(watch: StreamWatch) -> bool:
     `stream_error`). Before, a close without `[DONE]` after it was `502` with the
     gateway's error event, which the SDK never reads."""
     return watch.events.done or watch.events.error_event
+
+
+def _id_reset(last: bytes, watch: StreamWatch) -> bytes:
+    """An `id` field with no value, on a line of its own, for a stream whose backend gave
+    its events ids: the OpenAI Python SDK keeps the last one for every later event and
+    dispatches one at any blank line while it is set, so the blank line that ends the
+    gateway's receipt line (after a whole last event) made it raise (`json.loads("")`) at
+    the end of an answer it had read whole. An empty id clears it (the SSE standard's
+    `EventSource` reads it so too). It is relayed as part of the stream, so the response
+    commitment covers it (docs/provenance.md); the watch reads it as the SDK does."""
+    reset = (b"\n" if _open(last) else b"") + b"id\n"
+    watch.events.feed(reset)
+    return reset
 
 
 def _open(last: bytes) -> bool:
