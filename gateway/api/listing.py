@@ -75,7 +75,12 @@ def decide_listed(
     if model not in registry.routes or not tenant.may_use(model):
         exchange.policy = f"{policy.id}@{policy.version}"
         exchange.policy_digest = policy.digest
-        decision = policy.decide(tenant.id, model, None)  # the unknown-model rule's refusal
+        # A name no backend serves is decided as "" (no config names a model so), never
+        # as the client's string: the decision (its refusal's message repeats the name)
+        # is kept per request by the recorder's `RecordRefs`, 4096 of them, and a name
+        # may be as long as a body (4096 of 8 MiB held 64 GiB).
+        asked = model if model in registry.routes else ""
+        decision = policy.decide(tenant.id, asked, None)  # the unknown-model rule's refusal
         metrics.decided(decision.rules)
         refusal = decision.refusal
         rule = TENANT_RULE if refusal is None or model in registry.routes else refusal.rule
