@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -314,6 +315,9 @@ class Recorder:
             rule=refused.rule,
             reason=refused.code.value,
             request_commitment=trail.request_commitment,
+            # unknown to the tenant: its receipt's leaf hash confirms no guess of the
+            # record (a hidden model's names its rule, a made-up one's does not)
+            blind=secrets.token_hex(32) if refused.code is ErrorCode.model_not_found else None,
         )
         seal = self._seal_of(exchange, trail, "", refused.decision)
         try:

@@ -12,6 +12,7 @@ The provenance log is on: every answer carries a receipt, which is part of the a
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.canonical import canonical_json
+from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.receipts import receipt_claims
 from tests.helpers.gateways import TENANT_KEY, Gateway, Sim, backend, logged_gateway
 from tests.helpers.provenance import request_records
 
@@ -149,3 +153,26 @@ def test_models_by_id_is_the_same_404_for_every_name(rig: Rig) -> None:
     ]
     assert [a.status_code for a in answers] == [404] * 2
     assert answer(answers[0], HIDDEN) == answer(answers[1], NONE)
+
+
+def test_the_receipt_confirms_no_guess_of_an_unknown_models_record(rig: Rig) -> None:
+    """The receipt names its record's leaf hash, and the refusal record of a model no
+    backend serves held nothing the tenant could not know or guess (its request id, its
+    tenant, `<unknown>`, the set's `unknown-model` rule and the policy a calibrating
+    request shows, a time to the millisecond, the commitment its receipt's salts open):
+    hashing that guess matched the receipt for a made-up name and not for a hidden one,
+    which told the two apart all the same. A 404's record now holds 32 random bytes
+    (`blind`) that no answer gives."""
+    gateway, _, log = rig
+    none = ask(gateway, "/v1/chat/completions", NONE)
+    hidden = ask(gateway, "/v1/chat/completions", HIDDEN)
+    blinds = []
+    for response in (none, hidden):
+        assert response.status_code == 404, response.text
+        claims = receipt_claims(base64.b64decode(response.headers["x-owngate-receipt"]))
+        (record,) = request_records(log, response.headers["x-request-id"], "refusal")
+        assert leaf_hash(canonical_json(record)) == claims.dispatch_hash  # the record named
+        guess = {key: value for key, value in record.items() if key != "blind"}
+        assert leaf_hash(canonical_json(guess)) != claims.dispatch_hash
+        blinds.append(record["blind"])
+    assert len(set(blinds)) == 2 and all(len(b) == 64 for b in blinds)

@@ -340,6 +340,7 @@ def refusal_record(
     rule: str,
     reason: str,
     request_commitment: str | None,
+    blind: str | None = None,
 ) -> dict[str, object]:
     check_text(request_id, "request_id", empty=False)
     check_text(tenant, "tenant")
@@ -347,7 +348,8 @@ def refusal_record(
     check_text(rule, "rule")
     check_text(reason, "reason")
     check_hex64(request_commitment, "request_commitment", optional=True)
-    return {
+    check_hex64(blind, "blind", optional=True)
+    record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "refusal",
         "request_id": request_id,
@@ -360,6 +362,9 @@ def refusal_record(
         "reason": reason,
         "request_commitment": request_commitment,
     }
+    if blind is not None:  # a 404 model_not_found's: what no receipt gives (schema.py)
+        record["blind"] = blind
+    return record
 
 
 def admin_record(
