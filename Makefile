@@ -10,6 +10,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.owngate-installed
+# pytest-xdist processes for `make test`: the suite mostly waits on sockets and child
+# processes, so more workers than cores pays; each test module stays on one worker
+# (--dist loadfile: its module fixtures start once, its tests run in order).
+TEST_WORKERS ?= 4
 
 .PHONY: demo test lint typecheck pytest lock bench clean
 
@@ -28,7 +32,7 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/owngate bench overhead

@@ -60,7 +60,17 @@ def _gateway(
     # kind openai is not probed: every refusal is a request's, unless `scrape` is given.
     kind = "openai" if scrape is None else "vllm"
     gpu = backend("gpu", url, "m", kind=kind, tls=tls, **facts)
-    return start_gateway([gpu], provenance=provenance, scrape=scrape or {}, clock=clock)
+    # On the real clock, a breaker opened by a refusal stays open while the test reads
+    # /admin/status and /metrics: the default first cooldown (1 s) passed between the two
+    # on a loaded machine, and /metrics then said the backend was up (half open).
+    breaker = {"cooldown_s": 30.0} if clock is time.monotonic else {}
+    return start_gateway(
+        [gpu],
+        provenance=provenance,
+        scrape=scrape or {},
+        clock=clock,
+        routing={"breaker": breaker},
+    )
 
 
 def _chat(gateway: Gateway) -> httpx.Response:

@@ -33,7 +33,7 @@ from tests.helpers.waiting import until, until_async
 pytestmark = pytest.mark.redis
 
 RPM = 3
-TPM = 600  # a token is 0.1 s of budget: three small requests hold seconds of it
+TPM = 60  # a token is 1 s of budget: three small requests hold half a minute of it
 
 
 def _ask(gateway: Gateway, key: str) -> httpx.Response:

@@ -98,8 +98,12 @@ def test_the_runtime_wheel_ships_no_benchmarks_and_installs_nothing(tmp_path: Pa
     bench/, only the CLI's lazy `owngate bench` lookup names it, and no module creates a
     virtualenv or runs pip (the LiteLLM comparison's installer lives with the benchmarks)."""
     source = tmp_path / "source"
+    # Untracked trees other tests write to (a parallel worker may be adding and removing
+    # files in them while this copies): the llama.cpp install (setup.sh's .tmp-* folders,
+    # ~400 MB), hypothesis's example database, the browser tests' screenshots.
     skip = (".git", ".venv", ".bench", "build", "dist", "*.egg-info", "__pycache__", ".*cache")
-    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(*skip))
+    untracked = (".real-backend", ".hypothesis", "test-artifacts")
+    shutil.copytree(REPO_ROOT, source, ignore=shutil.ignore_patterns(*skip, *untracked))
     out = tmp_path / "wheel"
     build = "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))"
     done = subprocess.run(

@@ -52,5 +52,7 @@ def test_both_commands_install_from_the_hashed_lock_first() -> None:
         "$(BIN)/ruff check .",
         "$(BIN)/ruff format --check .",
         "$(BIN)/mypy",
-        "$(BIN)/pytest -q",  # no -m: a missing prerequisite fails its group, not skips it
+        # no -m: a missing prerequisite fails its group, not skips it; in parallel
+        # processes (pytest-xdist), a module's tests together on one of them
+        "$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile",
     ]
