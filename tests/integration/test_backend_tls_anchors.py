@@ -19,12 +19,13 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 
 from gateway.config.schema import BackendSettings
 from gateway.pki import Issued
 from gateway.upstream.http import HttpPool, UpstreamError
 from gateway.upstream.tls import BackendTLS, backend_tls
+from tests.helpers.cert_chains import chain_cert
 from tests.helpers.gateways import backend
 from tests.helpers.tls import Pki, TLSFront, patched, server_context
 from tests.helpers.tls_fixtures import pki, sim, start_front  # fixtures, used by name
@@ -32,55 +33,11 @@ from tests.helpers.waiting import until_async
 
 __all__ = ["pki", "sim", "start_front"]
 
-LOOPBACK = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
-
 
 def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-
-
-def _cert(
-    name: str,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    ca: bool,
-    path_length: int | None = None,
-    constraints: x509.NameConstraints | None = None,
-    hours: tuple[float, float] = (-1, 24),
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """A certificate for `name`, signed by `issuer` (None: self-signed), valid from and
-    until `hours` from now: a CA's (with `path_length`, `constraints`), else a server's
-    for 127.0.0.1."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    signer_cert, signer_key = issuer if issuer is not None else (None, key)
-    now = datetime.now(UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject if signer_cert is None else signer_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now + timedelta(hours=hours[0]))
-        .not_valid_after(now + timedelta(hours=hours[1]))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=path_length), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-    )
-    if signer_cert is not None:
-        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(signer_key.public_key())
-        builder = builder.add_extension(aki, critical=False)
-    if ca:
-        usage = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
-        builder = builder.add_extension(usage, critical=True)
-    else:
-        eku = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
-        builder = builder.add_extension(eku, critical=False)
-        builder = builder.add_extension(x509.SubjectAlternativeName([LOOPBACK]), False)
-    if constraints is not None:
-        builder = builder.add_extension(constraints, critical=True)
-    return builder.sign(signer_key, hashes.SHA256()), key
 
 
 def _issued(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey, *chain: Any) -> Issued:
@@ -135,9 +92,9 @@ def test_a_server_certificate_in_the_ca_file_vouches_for_no_other(
 ) -> None:
     # A backend's own certificate given as `ca_file` (a pin, in effect): whoever holds
     # its key must not sign certificates the gateway accepts (its CA:FALSE binds).
-    root = _cert("org root", None, ca=True)
-    pinned = _cert("gpu", root, ca=False)
-    forged = _cert("gpu forged", pinned, ca=False)
+    root = chain_cert("org root", None, ca=True)
+    pinned = chain_cert("gpu", root, ca=False)
+    forged = chain_cert("gpu forged", pinned, ca=False)
     assert _try(start_front, pki, tmp_path, _bundle(pinned), _issued(*pinned)) == "ok"
     got = _try(start_front, pki, tmp_path, _bundle(pinned), _issued(*forged, pinned))
     assert got == "tls: certificate verify failed: invalid CA certificate"
@@ -151,7 +108,7 @@ def test_a_root_in_the_ca_file_still_binds_the_cas_below_it(
     # must not become an anchor that escapes what the root allows it (it was not one
     # before anchors could be any certificate of the file).
     only_10 = x509.NameConstraints([x509.IPAddress(ipaddress.ip_network("10.0.0.0/8"))], None)
-    root = _cert(
+    root = chain_cert(
         "org root",
         None,
         ca=True,
@@ -159,9 +116,9 @@ def test_a_root_in_the_ca_file_still_binds_the_cas_below_it(
         constraints=only_10 if bound == "name-constraints" else None,
         hours=(-48, -24) if bound == "root-expired" else (-1, 24),
     )
-    issuing = _cert("backends CA", root, ca=True)
-    below = _cert("team CA", issuing, ca=True) if bound == "path-length" else issuing
-    leaf = _cert("gpu", below, ca=False)
+    issuing = chain_cert("backends CA", root, ca=True)
+    below = chain_cert("team CA", issuing, ca=True) if bound == "path-length" else issuing
+    leaf = chain_cert("gpu", below, ca=False)
     chain = (below, issuing) if below is not issuing else (issuing,)
     got = _try(start_front, pki, tmp_path, _bundle(root, issuing), _issued(*leaf, *chain))
     why = {
@@ -176,9 +133,9 @@ def test_an_issuing_ca_alone_in_the_ca_file_is_an_anchor(
     start_front: Callable[[Any], TLSFront], pki: Pki, tmp_path: Path
 ) -> None:
     # What the change is for, kept: the root absent, its issuing CA anchors the chain.
-    root = _cert("org root", None, ca=True)
-    issuing = _cert("backends CA", root, ca=True)
-    leaf = _cert("gpu", issuing, ca=False)
+    root = chain_cert("org root", None, ca=True)
+    issuing = chain_cert("backends CA", root, ca=True)
+    leaf = chain_cert("gpu", issuing, ca=False)
     assert _try(start_front, pki, tmp_path, _bundle(issuing), _issued(*leaf, issuing)) == "ok"
 
 
@@ -188,9 +145,9 @@ def test_a_ca_file_mixing_a_lone_issuing_ca_with_a_root_and_its_ca_is_refused(
     # One issuing CA alone (its anchor, the flag) and another with its root: under the
     # flag the second's chain ends at it, out of its root's limits; without, the first
     # anchors nothing. Refused at load, naming both, rather than either silently.
-    root = _cert("org root", None, ca=True, path_length=0)
-    issuing = _cert("backends CA", root, ca=True)
-    lone = _cert("other team CA", _cert("other root", None, ca=True), ca=True)
+    root = chain_cert("org root", None, ca=True, path_length=0)
+    issuing = chain_cert("backends CA", root, ca=True)
+    lone = chain_cert("other team CA", chain_cert("other root", None, ca=True), ca=True)
     (tmp_path / "ca.pem").write_bytes(_bundle(root, issuing, lone))
     tls = {"ca_file": "ca.pem"}
     settings = BackendSettings.model_validate(backend("gpu", "https://gpu:8443", "m", tls=tls))
@@ -233,5 +190,5 @@ def test_a_ca_with_a_uri_that_is_not_text_does_not_make_its_chain_unreadable(
         signer, Issued(cert.public_bytes(serialization.Encoding.PEM), b""), b"/AA", b"/\xff\xfe"
     )
     root_cert = root.certificate
-    leaf = _cert("gpu", (root_cert, key), ca=False)
+    leaf = chain_cert("gpu", (root_cert, key), ca=False)
     assert _try(start_front, pki, tmp_path, root.cert_pem, _issued(*leaf)) == "ok"

@@ -7,50 +7,16 @@ memory buffers (`ssl.MemoryBIO`), no socket."""
 from __future__ import annotations
 
 import ssl
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 
 from gateway.attest import listener_context
 from gateway.cli.main import main
+from tests.helpers.cert_chains import Signer, chain_cert
 
-Signer = tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
 _ROUNDS = 20  # handshake flights: TLS 1.3 with a client certificate takes three
-
-
-def _cert(name: str, issuer: Signer | None, *, ca: bool, client: bool = False) -> Signer:
-    """A certificate for `name` signed by `issuer` (None: self-signed): a CA's, or an end
-    certificate for TLS clients (`client`) or for the server 127.0.0.1."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    signer_cert, signer_key = issuer if issuer is not None else (None, key)
-    now = datetime.now(UTC)
-    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject if signer_cert is None else signer_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(hours=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-    )
-    if signer_cert is not None:
-        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(signer_key.public_key())
-        builder = builder.add_extension(aki, critical=False)
-    if ca:
-        cert_sign = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
-        builder = builder.add_extension(cert_sign, critical=True)
-    else:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    return builder.sign(signer_key, hashes.SHA256()), key
 
 
 def _pem(*certs: Signer) -> bytes:
@@ -103,15 +69,15 @@ def _admitted(server: ssl.SSLContext, directory: Path, client: Signer, *chain: S
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Signer]:
-    root = _cert("org root", None, ca=True)
-    gateways = _cert("gateways CA", root, ca=True)
-    users = _cert("users CA", root, ca=True)
+    root = chain_cert("org root", None, ca=True)
+    gateways = chain_cert("gateways CA", root, ca=True)
+    users = chain_cert("users CA", root, ca=True)
     return {"root": root, "gateways": gateways, "users": users}
 
 
 def _sidecar(tmp_path: Path, pki: dict[str, Signer], ca_file: bytes) -> ssl.SSLContext:
     (tmp_path / "client-ca.pem").write_bytes(ca_file)
-    cert, key = _write(tmp_path, "sidecar", _cert("127.0.0.1", pki["root"], ca=False))
+    cert, key = _write(tmp_path, "sidecar", chain_cert("127.0.0.1", pki["root"], ca=False))
     return listener_context(cert, key, tmp_path / "client-ca.pem")
 
 
@@ -121,7 +87,7 @@ def test_an_issuing_ca_alone_admits_the_clients_it_issued(
     """Before: refused (`unable to get issuer certificate`), so the only working file was
     the root's, which admits the other CAs' clients too (next test)."""
     server = _sidecar(tmp_path, pki, _pem(pki["gateways"]))
-    gateway = _cert("gateway", pki["gateways"], ca=False, client=True)
+    gateway = chain_cert("gateway", pki["gateways"], ca=False, client=True)
     assert _admitted(server, tmp_path, gateway)
     assert _admitted(server, tmp_path, gateway, pki["gateways"])
 
@@ -130,7 +96,7 @@ def test_an_issuing_ca_alone_admits_none_of_its_roots_other_cas_clients(
     tmp_path: Path, pki: dict[str, Signer]
 ) -> None:
     server = _sidecar(tmp_path, pki, _pem(pki["gateways"]))
-    user = _cert("someone", pki["users"], ca=False, client=True)
+    user = chain_cert("someone", pki["users"], ca=False, client=True)
     assert not _admitted(server, tmp_path, user, pki["users"])
     assert not _admitted(server, tmp_path, user, pki["users"], pki["root"])
 
@@ -138,7 +104,7 @@ def test_an_issuing_ca_alone_admits_none_of_its_roots_other_cas_clients(
 def test_a_root_admits_every_ca_below_it_as_before(tmp_path: Path, pki: dict[str, Signer]) -> None:
     """What naming the root means, unchanged (a guard for the test above)."""
     server = _sidecar(tmp_path, pki, _pem(pki["root"]))
-    user = _cert("someone", pki["users"], ca=False, client=True)
+    user = chain_cert("someone", pki["users"], ca=False, client=True)
     assert _admitted(server, tmp_path, user, pki["users"])
     assert not _admitted(server, tmp_path, user)  # its CA neither sent nor trusted
 
@@ -146,7 +112,7 @@ def test_a_root_admits_every_ca_below_it_as_before(tmp_path: Path, pki: dict[str
 def test_a_client_ca_mixing_a_lone_ca_with_a_root_and_its_ca_is_refused(
     tmp_path: Path, pki: dict[str, Signer], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lone = _cert("other team CA", _cert("other root", None, ca=True), ca=True)
+    lone = chain_cert("other team CA", chain_cert("other root", None, ca=True), ca=True)
     mixed = _pem(pki["root"], pki["gateways"], lone)
     with pytest.raises(ValueError, match="other team CA"):
         _sidecar(tmp_path, pki, mixed)
