@@ -6,9 +6,11 @@ Real types only (no stand-ins): a seeded `Signer`, a counter-based salt source a
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from gateway.provenance.formats.commitments import Salts, commit
 from gateway.provenance.formats.note import Signer
@@ -35,6 +37,7 @@ __all__ = [
     "log_refusal",
     "log_request",
     "seeded_signer",
+    "write_requests",
 ]
 
 EXAMPLE_POLICY = PolicyRef("default", "3", "sha256:" + "ab" * 32)
@@ -144,3 +147,15 @@ async def log_refusal(log: ProvenanceLog, number: int, *, tenant: str = "acme-ap
             request_commitment=None,
         )
     )
+
+
+def write_requests(path: Path, origin: str, signer: Signer, count: int) -> None:
+    """A log at `path` holding `count` requests (`log_request`'s `req-0`...), closed."""
+
+    async def build() -> None:
+        log = await ProvenanceLog.open(path, origin, signer)
+        for number in range(count):
+            await log_request(log, number)
+        await log.close()
+
+    asyncio.run(build())

@@ -12,7 +12,6 @@ that fails.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,12 +24,12 @@ import gateway.admin.requests as requests
 from gateway.admin.requests import _records
 from gateway.canonical import canonical_json
 from gateway.errors import GatewayError
-from gateway.provenance import ProvenanceLog, TlogProof
+from gateway.provenance import TlogProof
 from gateway.provenance.audit.proof import check_tlog_proof
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import ProvenanceError
 from gateway.provenance.formats.records import parse_record
-from gateway.provenance.testing import log_request, seeded_signer
+from gateway.provenance.testing import seeded_signer, write_requests
 
 ORIGIN = "gateway.example/log/admin-read-once"
 SIGNER = seeded_signer(ORIGIN)
@@ -38,13 +37,7 @@ FORGED_BACKEND = "gpu-elsewhere"
 
 
 def _logged(path: Path) -> None:
-    async def build() -> None:
-        log = await ProvenanceLog.open(path, ORIGIN, SIGNER)
-        for number in range(3):
-            await log_request(log, number)
-        await log.close()
-
-    asyncio.run(build())
+    write_requests(path, ORIGIN, SIGNER, 3)
 
 
 def _swapping(swapped: int) -> Callable[[Path], LogDirectory]:

@@ -8,7 +8,6 @@ second reading does."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,12 @@ import orjson
 import pytest
 
 from gateway.canonical import canonical_json
-from gateway.provenance import LogVerificationError, ProvenanceLog, verify_log
+from gateway.provenance import LogVerificationError, verify_log
 from gateway.provenance.audit.attested import check_attestations
 from gateway.provenance.audit.pinned import check_pins
 from gateway.provenance.audit.verify import LogSummary
 from gateway.provenance.formats.tiles import decode_bundle, encode_bundle, entries_path
-from gateway.provenance.testing import EXAMPLE_BACKEND, log_request, seeded_signer
+from gateway.provenance.testing import EXAMPLE_BACKEND, seeded_signer, write_requests
 
 ORIGIN = "gateway.example/log/reread"
 SIGNER = seeded_signer(ORIGIN)
@@ -34,13 +33,7 @@ BACKEND = EXAMPLE_BACKEND.id  # every request of the log is dispatched to it, ov
 def _logged(path: Path) -> LogSummary:
     """A log of 3 requests to BACKEND, none over TLS, none countersigned; verified."""
 
-    async def build() -> None:
-        log = await ProvenanceLog.open(path, ORIGIN, SIGNER)
-        for number in range(3):
-            await log_request(log, number)
-        await log.close()
-
-    asyncio.run(build())
+    write_requests(path, ORIGIN, SIGNER, 3)
     return verify_log(path, [SIGNER.verifier()])
 
 
