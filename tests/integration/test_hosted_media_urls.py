@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import http.server
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient
 from gateway.upstream.hosted_errors import HostedError
 from tests.helpers.gateways import LITELLM_WARNINGS
+from tests.helpers.http_thread import serving
 
 pytestmark = LITELLM_WARNINGS
 
@@ -79,13 +79,8 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def loopback() -> Iterator[tuple[str, list[str]]]:
     hits: list[str] = []
     handler = type("Handler", (_Recorder,), {"hits": hits})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", hits
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with serving(handler) as url:
+        yield url, hits
 
 
 def hosted(url: str, provider: str, provider_model: str) -> HostedClient:

@@ -27,13 +27,13 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.http_thread import serving
 from tests.helpers.raw_backend import Post, RawBackend, completion_body, json_answer
 from tests.helpers.tls import Pki, TLSFront, server_context
 
@@ -239,13 +239,8 @@ def redirecting_workspace() -> Iterator[tuple[str, list[int]]]:
         def log_message(self, *_args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Workspace)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", written
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with serving(Workspace) as url:
+        yield url, written
 
 
 def test_a_redirect_from_the_token_endpoint_is_read_no_further_than_the_bound(
@@ -311,13 +306,8 @@ def credentials_endpoint() -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *_args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Credentials)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/credentials", asked
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=10)
+    with serving(Credentials) as url:
+        yield f"{url}/credentials", asked
 
 
 # A Bedrock Converse answer.
