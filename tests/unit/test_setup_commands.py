@@ -52,7 +52,7 @@ def test_both_commands_install_from_the_hashed_lock_first() -> None:
         "$(BIN)/ruff check .",
         "$(BIN)/ruff format --check .",
         "$(BIN)/mypy",
-        # no -m: a missing prerequisite fails its group, not skips it; in parallel
-        # processes (pytest-xdist), a module's tests together on one of them
-        "$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile",
+        # no -m: a missing prerequisite fails its group, not skips it; one process unless
+        # TEST_WORKERS asks for pytest-xdist's (a module's tests together on one of them)
+        "$(BIN)/pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)",
     ]
