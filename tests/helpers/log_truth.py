@@ -3,6 +3,7 @@ a backend event, and reading receipts, records and events back from what a clien
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -17,6 +18,7 @@ from tests.helpers.gateways import (
     hosted_backend,
 )
 from tests.helpers.provenance import records
+from tests.helpers.raw_backend import Answer, Post, sse_head
 from tests.helpers.waiting import until
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "DONE",
     "EVENT",
     "ORIGIN",
+    "first_attempt_fails",
     "hosted_gateway",
     "records_when_one",
     "salt_of",
@@ -86,3 +89,20 @@ def sse_events(body: bytes) -> list[bytes]:
         elif line and not line.startswith(b":"):
             lines.append(line)
     return events
+
+
+def first_attempt_fails() -> Answer:
+    """A raw backend's answer for a failover: the first request any backend given this
+    answer gets is a 503, every later one a stream of EVENT and DONE."""
+    posts: list[int] = []
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        posts.append(1)
+        if len(posts) == 1:
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        else:
+            writer.write(sse_head() + EVENT + DONE)
+        await writer.drain()
+        return False
+
+    return answer

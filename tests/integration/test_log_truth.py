@@ -36,6 +36,7 @@ from tests.helpers.log_truth import (
     DONE,
     EVENT,
     ORIGIN,
+    first_attempt_fails,
     hosted_gateway,
     salt_of,
     sse_events,
@@ -53,17 +54,7 @@ def test_a_failover_records_both_attempts_and_the_receipt_opens_the_served_one(
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
 ) -> None:
-    posts: list[int] = []
-
-    async def first_fails(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        posts.append(1)
-        if len(posts) == 1:
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
-        else:
-            writer.write(sse_head() + EVENT + DONE)
-        await writer.drain()
-        return False
-
+    first_fails = first_attempt_fails()
     one, two = start_raw(first_fails), start_raw(first_fails)
     backends = [backend("a", one.url, "m"), backend("b", two.url, "m")]
     gateway = logged_gateway(start_gateway, tmp_path, backends, ORIGIN)

@@ -11,7 +11,6 @@ type (noting the others on stderr), `--receipt FILE` the entry a receipt names, 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 from collections.abc import Callable
@@ -22,9 +21,15 @@ import httpx
 
 from gateway.provenance import TlogProof, load_signer
 from tests.helpers.gateways import Gateway, backend, logged_gateway
-from tests.helpers.log_truth import CHAT, DONE, EVENT, ORIGIN, salt_of, stream_receipt
+from tests.helpers.log_truth import (
+    CHAT,
+    ORIGIN,
+    first_attempt_fails,
+    salt_of,
+    stream_receipt,
+)
 from tests.helpers.provenance import records, run_audit
-from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
+from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.waiting import until
 
 
@@ -36,17 +41,7 @@ def _failed_over(
     """A request whose first attempt got a 503 and whose second answered: the gateway,
     the request's id (its receipt in tmp_path / "receipt.json"), and its records' indices
     once a checkpoint covers all four (dispatch, completion, dispatch, completion)."""
-    posts: list[int] = []
-
-    async def first_fails(writer: asyncio.StreamWriter, _post: Post) -> bool:
-        posts.append(1)
-        if len(posts) == 1:
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
-        else:
-            writer.write(sse_head() + EVENT + DONE)
-        await writer.drain()
-        return False
-
+    first_fails = first_attempt_fails()
     one, two = start_raw(first_fails), start_raw(first_fails)
     backends = [backend("a", one.url, "m"), backend("b", two.url, "m")]
     gateway = logged_gateway(start_gateway, tmp_path, backends, ORIGIN)
