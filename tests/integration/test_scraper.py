@@ -77,9 +77,13 @@ def test_gateway_publishes_backend_queue_from_scrapes(
     )
     body = {"model": "m", "max_tokens": 8000, "messages": [{"role": "user", "content": "hi"}]}
 
-    def waiting_line(text: str) -> str | None:
-        prefix = 'owngate_backend_waiting{backend="gpu"}'
-        return next((line for line in text.splitlines() if line.startswith(prefix)), None)
+    def load_lines(text: str) -> tuple[str | None, ...]:
+        prefixes = (
+            'owngate_backend_running{backend="gpu"}',
+            'owngate_backend_waiting{backend="gpu"}',
+        )
+        lines = text.splitlines()
+        return tuple(next((ln for ln in lines if ln.startswith(p)), None) for p in prefixes)
 
     async def load_and_watch() -> tuple[str | None, dict[str, object]]:
         async with httpx.AsyncClient(base_url=gateway.url, headers=gateway.headers) as client:
@@ -87,15 +91,22 @@ def test_gateway_publishes_backend_queue_from_scrapes(
                 asyncio.create_task(client.post("/v1/chat/completions", json=body, timeout=60))
                 for _ in range(3)
             ]
-            lines: list[str | None] = [None]
+            seen: list[tuple[str | None, ...]] = [()]
 
-            async def two_waiting() -> bool:
-                lines[0] = waiting_line((await client.get("/metrics")).text)
-                return lines[0] is not None and lines[0].endswith(" 2.0")
+            async def one_running_two_waiting() -> bool:
+                # Two requests can reach the backend's queue in the turn before its engine
+                # admits either (running 0, waiting 2): wait for the settled reading.
+                seen[0] = load_lines((await client.get("/metrics")).text)
+                return seen[0] == (
+                    'owngate_backend_running{backend="gpu"} 1.0',
+                    'owngate_backend_waiting{backend="gpu"} 2.0',
+                )
 
             try:
-                await until_async(two_waiting, "two requests waiting at gpu", timeout=20.0)
-                line = lines[0]
+                await until_async(
+                    one_running_two_waiting, "one request running, two waiting", timeout=20.0
+                )
+                line = seen[0][1]
                 status = await client.get("/admin/status", headers=ADMIN_HEADERS)
                 detail = status.json()["readiness"]["backends"]["gpu"]
             finally:
