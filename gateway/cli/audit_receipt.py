@@ -289,6 +289,9 @@ def add_open(verbs: Any) -> None:
     )
     opener.add_argument("--log", default=env("LOG"), help="log directory (env OWNGATE_AUDIT_LOG)")
     key_flag(opener, required=False)
+    max_checkpoints_flag(
+        opener, "the --log's checkpoints/ (scanned for the one covering the receipt's entry)"
+    )
     opener.set_defaults(handler=guarded(_open))
 
 
@@ -328,10 +331,13 @@ def _open(args: argparse.Namespace) -> int:
             return 2
         envelope = read_receipt(args.receipt)
         receipt = verify_receipt(envelope, trusted_keys(args))
-        check_receipt_log_key(envelope, receipt, trusted_keys(args))  # as `receipt verify`
+        # as `receipt verify`: a key named for the log, the log's key when the entry was written
+        check_receipt_log_key(envelope, receipt, trusted_keys(args))
+        log = LogDirectory(args.log)
+        check_receipt_key(log, envelope, receipt, trusted_keys(args), args.max_checkpoints)
         salts = receipt.salts
         salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
-        logged = receipt_commitment(LogDirectory(args.log), receipt, args.kind, trusted_keys(args))
+        logged = receipt_commitment(log, receipt, args.kind, trusted_keys(args))
         commitment = logged.commitment
         # A countersigned answer is whole: the log's completion says so, or the receipt
         # carries a countersignature; any other response is a stream less the gateway's tail.

@@ -11,6 +11,7 @@ still verify with A.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,16 +36,19 @@ from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.provenance import run_audit
 
 ORIGIN = "test.owngate/rotated"
+REQUEST = json.dumps(
+    {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+).encode()  # the bytes each request sends, which `audit open` opens its commitment with
 
 
 def _serve(gateway: GatewayProcess, requests: int) -> list[bytes]:
     """Start, send `requests` chats, stop (final checkpoint); returns their receipts."""
     gateway.start()
-    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+    headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
     receipts = []
-    with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {KEY}"}) as c:
+    with httpx.Client(base_url=gateway.url, headers=headers) as c:
         for _ in range(requests):
-            response = c.post("/v1/chat/completions", json=body, timeout=10)
+            response = c.post("/v1/chat/completions", content=REQUEST, timeout=10)
             assert response.status_code == 200, response.text
             receipts.append(base64.b64decode(response.headers["x-owngate-receipt"]))
     gateway.stop()
@@ -117,8 +121,8 @@ def test_receipts_signed_before_a_rotation_verify_after_it(
 ) -> None:
     """After the rotation (B alone), a receipt A signed before it still verifies, in the
     admin API (A among `retired_verifier_keys`) as with `owngate audit receipt verify
-    --log --key A --key B`; a receipt A signs for an entry written after its retirement
-    (whoever kept A) is refused by both."""
+    --log --key A --key B` and `owngate audit open --receipt --log`; a receipt A signs for
+    an entry written after its retirement (whoever kept A) is refused by all three."""
     vkey_a = write_signing_key(tmp_path / "a.key", ORIGIN)
     vkey_b = write_signing_key(tmp_path / "b.key", ORIGIN)
     gateway = process(provenance={"dir": "log", "origin": ORIGIN, "signing_key_file": "a.key"})
@@ -141,6 +145,15 @@ def test_receipts_signed_before_a_rotation_verify_after_it(
     capsys.readouterr()
     assert run_audit(["receipt", "verify", str(files["late"]), *keys]) == 1
     assert "a key retired by a rotation signed it" in capsys.readouterr().err
+    # `audit open --receipt --log` applies the same rule before it opens anything
+    request = tmp_path / "request.json"
+    request.write_bytes(REQUEST)
+    assert run_audit(["open", str(request), "--receipt", str(files["old"]), *keys]) == 0
+    assert "opens the request commitment" in capsys.readouterr().out
+    assert run_audit(["open", str(request), "--receipt", str(files["late"]), *keys]) == 1
+    captured = capsys.readouterr()
+    assert "a key retired by a rotation signed it" in captured.err
+    assert "opens" not in captured.out
 
     admin_port = free_port()
     config = yaml.safe_load(gateway.path.read_text())
