@@ -5,7 +5,8 @@ of every key and item, validate with pydantic, then turn each validation error i
 `PolicyIssue` at the deepest part of its path that exists in the file. Unlike
 gateway.yaml, policy files take no `${ENV}` interpolation: a policy means what it says.
 
-For the same reason a policy file is read as plain data only: no aliases, no explicit
+For the same reason a policy file is read as plain data only: no aliases, no numeric
+escape of a printable ASCII character in a quoted string (`"\x2a"` for `*`), no explicit
 tags (`!!str 0`, `!!python/...`, `!!set`, a custom `!tag`), and whole numbers only in
 plain decimal digits (YAML 1.1, which PyYAML reads, takes `010` for 8, `0x1e` for 30,
 `1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and reviewers read them
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.plain_yaml import (
     NUMBER_PROBLEM,
+    escaped_ascii,
     explicit_tag,
     hidden_text,
     plain_scalar,
@@ -214,6 +216,10 @@ def _to_python(
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
             key = str(key_node.value)  # the key as written: `no:` stays "no"
+            escaped = escaped_ascii(key_node)  # `"provid\x65rs":` is `providers:`
+            if escaped is not None:
+                line, column = _mark(key_node)
+                issues.append(PolicyIssue(file, line, column, render_path((*path, key)), escaped))
             if key in result:
                 line, column = _mark(key_node)
                 issues.append(
@@ -232,6 +238,10 @@ def _to_python(
         line, column = marks[path]
         issues.append(PolicyIssue(file, line, column, render_path(path), _NUMBER))
         return None
+    escaped = escaped_ascii(node)  # `allow: ["\x2a"]` is `allow: ["*"]`
+    if escaped is not None:
+        line, column = marks[path]
+        issues.append(PolicyIssue(file, line, column, render_path(path), escaped))
     return plain_scalar(node)
 
 
