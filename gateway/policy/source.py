@@ -6,7 +6,7 @@ of every key and item, validate with pydantic, then turn each validation error i
 gateway.yaml, policy files take no `${ENV}` interpolation: a policy means what it says.
 
 For the same reason a policy file is read as plain data only: no aliases, no numeric
-escape of a printable ASCII character in a quoted string (`"\x2a"` for `*`), no explicit
+escape of a printable ASCII character in a quoted string (`"\\x2a"` for `*`), no explicit
 tags (`!!str 0`, `!!python/...`, `!!set`, a custom `!tag`), and whole numbers only in
 plain decimal digits (YAML 1.1, which PyYAML reads, takes `010` for 8, `0x1e` for 30,
 `1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and reviewers read them
