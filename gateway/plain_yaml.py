@@ -8,7 +8,11 @@ policy's `max_days`), so each YAML node must read as what it looks like:
 - whole numbers only in plain decimal digits: YAML 1.1, which PyYAML reads, takes `010`
   for 8, `0x1e` for 30, `1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and
   reviewers read them otherwise (floats with `_` or `:` likewise);
-- a date or time (`version: 2025-06-01`) is kept as the text written.
+- a date or time (`version: 2025-06-01`) is kept as the text written;
+- no numeric escape in a double-quoted string (`"\\x2a"`, `"\\u0061cme"`) that stands for
+  a printable ASCII character: it reads as escape text and loads as the character
+  (`allow: ["\\x2a"]` is `allow: ["*"]`, a tenant written `"\\x61cme"` is found by no
+  `grep acme`); the character itself is what to write.
 
 The loaders (`gateway.config.loader`, `gateway.policy.source`) walk the composed nodes
 themselves (they record paths and lines, and differ on aliases and `${ENV}`) and ask this
@@ -26,6 +30,7 @@ import yaml
 
 __all__ = [
     "NUMBER_PROBLEM",
+    "escaped_ascii",
     "explicit_tag",
     "hidden_text",
     "key_in_text",
@@ -127,6 +132,33 @@ def explicit_tag(node: yaml.Node) -> bool:
     resolve = cast(_Resolve, yaml.resolver.Resolver().resolve)  # SafeLoader's; untyped stubs
     plain = node.style is None  # quoted and block scalars resolve as strings
     return bool(node.tag != resolve(yaml.ScalarNode, node.value, (plain, not plain)))
+
+
+# An escape in a double-quoted scalar, matched from its backslash: `\\` is one escape (a
+# backslash), so `"\\x41"` is the text `\x41`, not an escape of `A`.
+_ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|.)", re.DOTALL)
+
+
+def escaped_ascii(node: yaml.Node) -> str | None:
+    """Why `node`, a double-quoted scalar, does not read as it loads: the first numeric
+    escape in it (`\\x2a`, `\\u0061`, `\\U0000002a`) that stands for a printable ASCII
+    character, which a reader sees as escape text and the loader reads as that character
+    (`"\\x2a"` is `*`); or None. Escapes of what cannot be written plainly (a control, a
+    line break, a non-ASCII character) are left to the checks of the value itself."""
+    if not isinstance(node, yaml.ScalarNode) or node.style != '"':
+        return None
+    start, end = node.start_mark, node.end_mark
+    if start is None or end is None or start.buffer is None:  # composed from a text: never
+        return None
+    written = start.buffer[start.pointer : end.pointer]
+    for found in _ESCAPE.finditer(written):
+        digits = found.group(1) or found.group(2) or found.group(3)
+        if digits is not None and 0x20 <= int(digits, 16) <= 0x7E:
+            return (
+                f"the escape `{found.group()}` stands for {chr(int(digits, 16))!r}: a reader "
+                "sees the escape, the loader the character; write the character itself"
+            )
+    return None
 
 
 def unplain_number(node: yaml.ScalarNode) -> bool:

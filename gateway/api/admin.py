@@ -25,9 +25,11 @@ import hashlib
 import hmac
 import ipaddress
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from gateway.asgi import Scope, Send, header_values, send_error, send_json
+import orjson
+
+from gateway.asgi import Scope, Send, header_values, send_bytes, send_error
 from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import BreakerState
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from gateway.api.proxy import Proxy
 
 __all__ = [
+    "ADMIN_ANSWER",
     "LOOPBACK_REFUSED",
     "authorize",
     "authorize_metrics",
@@ -49,6 +52,12 @@ __all__ = [
     "status_report",
 ]
 
+# What an admin answer on the public listener (`/admin/status`, `/metrics` under
+# `listen.metrics: admin`) says, as every answer of the admin listener does
+# (gateway/admin/headers.py): never stored (a browser's cache, a proxy's heuristic
+# freshness would show the next caller of the URL each tenant's policies, data classes and
+# backends) and never read as another type than it declares.
+ADMIN_ANSWER: Final = ((b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"))
 
 # Headers a proxy adds to name the client it forwards (or itself, `via`): the standard
 # ones, nginx's and Apache's, and those CDNs and load balancers set.
@@ -230,7 +239,7 @@ async def send_status(
     except GatewayError as error:
         await send_error(send, error, request_id)
         return
-    await send_json(send, 200, report(), request_id)
+    await send_bytes(send, 200, orjson.dumps(report()), request_id, extra=ADMIN_ANSWER)
 
 
 def status_report(registry: Registry, scraper: MetricsScraper, proxy: Proxy) -> dict[str, Any]:

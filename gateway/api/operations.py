@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from gateway.api.admin import authorize_metrics, backend_detail, send_status, status_report
+from gateway.api.admin import (
+    ADMIN_ANSWER,
+    authorize_metrics,
+    backend_detail,
+    send_status,
+    status_report,
+)
 from gateway.api.runtime import Runtime
 from gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
 from gateway.errors import ErrorCode, GatewayError
@@ -99,4 +105,5 @@ class Operations:
                 return
         fleet = runtime.fleet
         body = runtime.metrics.render() if fleet is None else fleet.render(runtime.metrics)
-        await send_bytes(send, 200, body, request_id, _PROMETHEUS)
+        # never stored: under `admin` an admin's answer (gateway/api/admin.py ADMIN_ANSWER)
+        await send_bytes(send, 200, body, request_id, _PROMETHEUS, ADMIN_ANSWER)

@@ -2,8 +2,9 @@
 
 The file is read as the plain data it shows, as the policy files are
 (`gateway.plain_yaml`): no explicit YAML tags, whole numbers only in plain decimal
-digits (no `010`, `0x1e`, `1_000`, `1:30`), dates kept as text; and a value must already
-be of its setting's type (`days: '30'` is refused, not read as 30: `gateway.config.as_written`).
+digits (no `010`, `0x1e`, `1_000`, `1:30`), dates kept as text, no `"\\x75s"` for `us`;
+and a value must already be of its setting's type (`days: '30'` is refused, not read as
+30: `gateway.config.as_written`).
 Aliases stay allowed (bounded by `_MAX_VALUES`).
 
 Every problem is reported as a `ConfigIssue` carrying the YAML path (`backends[0].kind`)
@@ -27,6 +28,7 @@ from gateway.config.as_written import coerced
 from gateway.config.schema import GatewaySettings
 from gateway.plain_yaml import (
     NUMBER_PROBLEM,
+    escaped_ascii,
     explicit_tag,
     hidden_text,
     plain_scalar,
@@ -293,6 +295,8 @@ def _to_python(
     if unplain_number(node):  # `010` (8 in YAML 1.1), `0x1e`, `1_000`, `1:30`
         issues.append(ConfigIssue(_render(path), lines[path], NUMBER_PROBLEM, path))
         return None
+    if (escaped := escaped_ascii(node)) is not None:  # `region: "\x75s"` is `us`
+        issues.append(ConfigIssue(_render(path), lines[path], escaped, path))
     value = plain_scalar(node)
     if isinstance(value, str) and _ENV_REF.search(value, 0, _past_last_brace(value)):
         value = _interpolate(value, path, lines[path], issues, env)

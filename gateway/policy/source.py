@@ -5,7 +5,8 @@ of every key and item, validate with pydantic, then turn each validation error i
 `PolicyIssue` at the deepest part of its path that exists in the file. Unlike
 gateway.yaml, policy files take no `${ENV}` interpolation: a policy means what it says.
 
-For the same reason a policy file is read as plain data only: no aliases, no explicit
+For the same reason a policy file is read as plain data only: no aliases, no numeric
+escape of a printable ASCII character in a quoted string (`"\\x2a"` for `*`), no explicit
 tags (`!!str 0`, `!!python/...`, `!!set`, a custom `!tag`), and whole numbers only in
 plain decimal digits (YAML 1.1, which PyYAML reads, takes `010` for 8, `0x1e` for 30,
 `1_000` for 1000 and `1:30` for 90, where YAML 1.2 tools and reviewers read them
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 
 from gateway.plain_yaml import (
     NUMBER_PROBLEM,
+    escaped_ascii,
     explicit_tag,
     hidden_text,
     plain_scalar,
@@ -47,11 +49,12 @@ __all__ = [
 YamlPath = tuple[str | int, ...]
 _ALIAS = "YAML aliases are not allowed in policy files; write the value out"
 _TOO_DEEP = "not valid YAML: it nests too deep"
+_KEY = "a key is a plain name, not a list or mapping (`? [a, b]`)"
 _TAG = tag_problem("policy files")
 _NUMBER = NUMBER_PROBLEM
 # A document with one of these problems holds a value that is not what the file says:
 # it is not validated further (its other errors would be about a stand-in value).
-_UNREADABLE = frozenset({_ALIAS, _TAG, _NUMBER})
+_UNREADABLE = frozenset({_ALIAS, _TAG, _NUMBER, _KEY})
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -213,7 +216,17 @@ def _to_python(
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
+            unread = _key_problem(key_node, seen)
+            if unread is not None:  # not read, never shown: see `_key_problem`
+                # (an alias is the node it names, marked where that is: its value is here)
+                line, column = _mark(value_node if unread == _ALIAS else key_node)
+                issues.append(PolicyIssue(file, line, column, render_path(path), unread))
+                continue
             key = str(key_node.value)  # the key as written: `no:` stays "no"
+            escaped = escaped_ascii(key_node)  # `"provid\x65rs":` is `providers:`
+            if escaped is not None:
+                line, column = _mark(key_node)
+                issues.append(PolicyIssue(file, line, column, render_path((*path, key)), escaped))
             if key in result:
                 line, column = _mark(key_node)
                 issues.append(
@@ -232,7 +245,24 @@ def _to_python(
         line, column = marks[path]
         issues.append(PolicyIssue(file, line, column, render_path(path), _NUMBER))
         return None
+    escaped = escaped_ascii(node)  # `allow: ["\x2a"]` is `allow: ["*"]`
+    if escaped is not None:
+        line, column = marks[path]
+        issues.append(PolicyIssue(file, line, column, render_path(path), escaped))
     return plain_scalar(node)
+
+
+def _key_problem(node: yaml.Node, seen: set[int]) -> str | None:
+    """Why a mapping key is not read: an alias (`*name:`), an explicit tag, or a list or
+    mapping (`? [a, b]`). Such a key was read as `str` of its node, whose repr spells out
+    every node under it, through every alias: a key naming an alias of ten aliases of ten
+    ... was a file of some 300 bytes that took gigabytes and hours to read."""
+    if id(node) in seen:
+        return _ALIAS
+    seen.add(id(node))
+    if not isinstance(node, yaml.ScalarNode):
+        return _KEY
+    return _TAG if explicit_tag(node) else None
 
 
 def _issues(document: Document, exc: ValidationError) -> list[PolicyIssue]:

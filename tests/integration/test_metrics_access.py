@@ -332,3 +332,23 @@ def test_a_forwarded_loopback_request_is_no_loopback_client_under_allow_loopback
         with pytest.raises(GatewayError) as caught:
             authorize_metrics(_scope(("127.0.0.1", 40000), headers), settings)
         assert caught.value.status in (401, 403), headers
+
+
+def test_admin_answers_on_the_public_listener_are_never_stored_or_sniffed(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """`/metrics` under `listen.metrics: admin` and `/admin/status` answer an admin token
+    on the public listener, the one apps, proxies and caches in front of the gateway see:
+    each says `Cache-Control: no-store` and `X-Content-Type-Options: nosniff`, as every
+    answer of the admin listener does (docs/admin-api.md). Without them a cache (a
+    browser's, a proxy's heuristic freshness) could keep what names each tenant's policy,
+    data classes and backends, and show it to the next caller of the same URL."""
+    gateway = _gateway(start_sim, start_gateway, tmp_path, "admin")
+    for path in ("/metrics", "/admin/status"):
+        for method in ("GET", "HEAD"):
+            if (path, method) == ("/admin/status", "HEAD"):
+                continue  # GET only (405 otherwise)
+            response = httpx.request(method, f"{gateway.url}{path}", headers=ADMIN_HEADERS)
+            assert response.status_code == 200, (path, method, response.text)
+            assert response.headers.get("cache-control") == "no-store", (path, method)
+            assert response.headers.get("x-content-type-options") == "nosniff", (path, method)

@@ -148,3 +148,25 @@ def test_a_float_with_a_bare_exponent_is_refused_saying_how_to_write_it() -> Non
     assert "listen.body_timeout_s" in found and "1.0e+3" in found
     loaded = parse_config(text.replace("1e3", "1.0e+3"), env={})
     assert loaded.listen.body_timeout_s == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("field", "written", "escape"),
+    [
+        ("region", '"\\x75s-east-1"', "\\x75"),  # `us-east-1`, where a review reads an escape
+        ("owner", '"\\u006dl"', "\\u006d"),
+        ("region", '"eu-west-\\U00000031"', "\\U00000031"),
+    ],
+)
+def test_a_declared_fact_spelled_with_an_escape_of_an_ascii_character_is_an_error(
+    field: str, written: str, escape: str
+) -> None:
+    """A numeric escape in a double-quoted value that stands for a printable ASCII
+    character reads as escape text and loads as the character, as in policy files."""
+    found = issues(config(**{field: written}))
+    assert len(found) == 1, found
+    assert f"backends[0].{field}" in found[0] and f"`{escape}`" in found[0], found
+
+
+def test_a_double_quoted_fact_without_such_an_escape_loads() -> None:
+    parse_config(config(region='"eu-west-1"', owner='"m\\\\l"'), source="gw.yaml", env={})
