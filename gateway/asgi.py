@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JSON",
+    "PRIVATE_ANSWER",
     "REFUSAL_SCOPE_KEY",
     "LifespanHook",
     "Message",
@@ -47,6 +48,12 @@ LifespanHook = Callable[[], Awaitable[str | None]]
 """A lifespan startup or shutdown step: None when it succeeded, else why it failed."""
 
 JSON: Final = b"application/json"
+
+# The headers of an answer meant for its caller alone (an admin's status, the metrics under
+# `listen.metrics: admin`, a tenant's receipt, whose salts open its commitments): never
+# stored (a browser's cache or a proxy's heuristic freshness would show it to the next
+# caller of the URL) and never read as another type than it declares.
+PRIVATE_ANSWER: Final = ((b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"))
 
 # The listener (gateway/listener.py) answered a request whose app already runs (its body
 # timed out or broke its framing): the app reads a disconnect, and finds under this key

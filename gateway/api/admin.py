@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
-from gateway.asgi import Scope, Send, header_values, send_bytes, send_error
+from gateway.asgi import PRIVATE_ANSWER, Scope, Send, header_values, send_bytes, send_error
 from gateway.config.schema import AdminSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.breaker import BreakerState
@@ -54,10 +54,9 @@ __all__ = [
 
 # What an admin answer on the public listener (`/admin/status`, `/metrics` under
 # `listen.metrics: admin`) says, as every answer of the admin listener does
-# (gateway/admin/headers.py): never stored (a browser's cache, a proxy's heuristic
-# freshness would show the next caller of the URL each tenant's policies, data classes and
-# backends) and never read as another type than it declares.
-ADMIN_ANSWER: Final = ((b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff"))
+# (gateway/admin/headers.py): each tenant's policies, data classes and backends, for the
+# admin alone.
+ADMIN_ANSWER: Final = PRIVATE_ANSWER
 
 # Headers a proxy adds to name the client it forwards (or itself, `via`): the standard
 # ones, nginx's and Apache's, and those CDNs and load balancers set.

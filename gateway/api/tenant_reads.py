@@ -10,7 +10,16 @@ from collections.abc import Callable
 
 from gateway.api.listing import listed
 from gateway.api.runtime import Runtime
-from gateway.asgi import Receive, Scope, Send, send_bytes, send_error, send_json
+from gateway.asgi import (
+    JSON,
+    PRIVATE_ANSWER,
+    Receive,
+    Scope,
+    Send,
+    send_bytes,
+    send_error,
+    send_json,
+)
 from gateway.errors import ErrorCode, GatewayError
 from gateway.tenants import TenantEntry
 
@@ -75,7 +84,8 @@ class TenantReads:
                     raise GatewayError(
                         ErrorCode.provenance_unavailable, "the receipt could not be signed"
                     ) from exc
-                await send_bytes(send, 200, envelope, request_id, b"application/json")
+                # its salts open the request's commitments: for this caller alone
+                await send_bytes(send, 200, envelope, request_id, JSON, PRIVATE_ANSWER)
                 return
             try:
                 proof = await recorder.log.inclusion_proof(index)
@@ -85,6 +95,7 @@ class TenantReads:
                     "the request is logged but no signed checkpoint covers it yet; retry "
                     "in a second",
                 ) from exc
-            await send_bytes(send, 200, proof.format().encode(), request_id, b"text/plain")
+            proof_text = proof.format().encode()
+            await send_bytes(send, 200, proof_text, request_id, b"text/plain", PRIVATE_ANSWER)
         except GatewayError as error:
             await send_error(send, error, request_id)

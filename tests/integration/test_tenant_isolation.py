@@ -143,6 +143,11 @@ def test_a_tenant_reads_no_receipt_proof_or_model_of_another(
     other = {"authorization": f"Bearer {OTHER_KEY}"}
     proof = f"{gateway.url}/v1/provenance/proofs/{request_id}"
     until(lambda: httpx.get(proof, headers=other, timeout=10).status_code == 200, "a proof")
+    for kind in ("receipts", "proofs"):  # the owner's own: stored by no cache on the way
+        own = httpx.get(f"{gateway.url}/v1/provenance/{kind}/{request_id}", headers=other)
+        assert own.status_code == 200, own.text
+        assert own.headers["cache-control"] == "no-store", kind
+        assert own.headers["x-content-type-options"] == "nosniff", kind
     for kind in ("receipts", "proofs"):
         for wanted in (request_id, "req_000000000000000000000000"):
             url = f"{gateway.url}/v1/provenance/{kind}/{wanted}"
