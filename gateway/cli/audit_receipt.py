@@ -28,6 +28,7 @@ from gateway.provenance.audit.pinned import check_pinned
 from gateway.provenance.audit.receipt import (
     check_countersignature_in_log,
     check_receipt_in_log,
+    check_stream_end,
     completion_that_sent_nothing,
     read_receipt,
     receipt_commitment,
@@ -325,6 +326,7 @@ def _open(args: argparse.Namespace) -> int:
     body = read_body_file(args.body)  # hashed in chunks as it is read, never held whole
     salt_hex, commitment = args.salt, args.commitment
     form = args.form or "exact"
+    logged = None
     if args.receipt is not None:
         if args.log is None or not (args.key or args._key_defaults):
             print("error: --receipt needs --log and --key", file=sys.stderr)
@@ -356,6 +358,8 @@ def _open(args: argparse.Namespace) -> int:
     if opened is None:  # the first is the likeliest: name what it commits to
         verify_digest(kind, commitment, salt, body.sha256(candidates[0]))  # raises
         raise AssertionError("a candidate that opens was missed")  # pragma: no cover
+    if logged is not None and form == "stream":  # the error event taken off: the record's?
+        check_stream_end(logged, body.tail, opened)
     print(
         f"ok: {shown(args.body)} with this salt opens the {args.kind} commitment "
         f"{shown(commitment)}: form {form}, {_which_bytes(body, opened)}"

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.provenance import commit
+from gateway.provenance import commit, load_signer
 from gateway.provenance.formats.stream_body import committed_bodies
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
@@ -42,7 +42,7 @@ from tests.helpers.log_truth import (
     sse_events,
     stream_receipt,
 )
-from tests.helpers.provenance import completion_record, records
+from tests.helpers.provenance import completion_record, records, run_audit
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.waiting import until
 
@@ -236,6 +236,13 @@ def test_the_error_event_ending_a_broken_stream_is_an_event_of_its_own(
     assert record["response_commitment"] == commit("response", salt, EVENT + before)
     # what a client holds is enough: `audit open` takes the gateway's tail off itself
     assert EVENT + before in committed_bodies(response.content)
+    # and `audit open --receipt` holds that tail to the record: the gateway's error event
+    # on a stream its completion says broke off
+    (tmp_path / "received").write_bytes(response.content)
+    (tmp_path / "receipt.json").write_bytes(stream_receipt(response.content))
+    argv = ["open", str(tmp_path / "received"), "--kind", "response"]
+    argv += ["--receipt", str(tmp_path / "receipt.json"), "--log", str(tmp_path / "log")]
+    assert run_audit([*argv, "--key", load_signer(tmp_path / "log.key").vkey]) == 0
 
 
 def test_a_stream_whose_last_line_is_unended_commits_to_the_backends_bytes(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.main import main
+from gateway.errors import ErrorCode, error_body
 from gateway.provenance import ProvenanceLog, Receipt, Salts, commit, make_receipt
 from gateway.provenance.formats.attestation import (
     Attestation,
@@ -73,9 +74,11 @@ def _statement(counter: int, response: bytes) -> Statement:
     )
 
 
-def _log(path: Path, accepted: Attestation | None, served: bytes = SERVED) -> Receipt:
+def _log(
+    path: Path, accepted: Attestation | None, served: bytes = SERVED, status: int = 200
+) -> Receipt:
     """A log holding one request (to an attested backend) whose completion recorded
-    `accepted` and a response commitment to `served`."""
+    `accepted`, `status` and a response commitment to `served`."""
 
     async def build() -> Receipt:
         log = await ProvenanceLog.open(path, LOG.name, LOG)
@@ -85,7 +88,7 @@ def _log(path: Path, accepted: Attestation | None, served: bytes = SERVED) -> Re
                 request_id="req-1",
                 time=MOMENT,
                 dispatch=dispatch,
-                status=200,
+                status=status,
                 error=None,
                 usage=None,
                 latency_ms=100,
@@ -351,11 +354,11 @@ def test_audit_open_still_takes_the_error_event_off_an_answer_not_countersigned(
     """A stream that broke off (never countersigned) ends with the gateway's error event,
     which its commitment does not cover: that form still opens it."""
     broken = b'data: {"choices":[]}\n\n'
-    error = b'data: {"error":{"message":"the backend broke off"}}\n\n'
+    error = b"data: " + error_body(ErrorCode.upstream_error, "the backend broke off") + b"\n\n"
     # no attestation, and one the gateway refused (`sig` null): neither is countersigned
     for where, recorded in (
         ("none", None),
         ("refused", Attestation(str(BACKEND), failure="missing")),
     ):
-        receipt = _log(tmp_path / where / "log", recorded, broken)
+        receipt = _log(tmp_path / where / "log", recorded, broken, status=502)
         assert _opens(tmp_path / where, receipt, broken + error + RECEIPT_LINE, None) == 0

@@ -9,7 +9,8 @@ cover yet (or no longer: a rollback), an entry that is not the receipt's record 
 says another request, backend or policy than the receipt), a proof that does not reach
 the checkpoint's root. `receipt_commitment` gives the commitment a receipt's salt opens,
 from records so proved, and whether the answer was countersigned (`owngate audit open
---receipt`); `check_countersignature_in_log`
+--receipt`), `check_stream_end` that an error event taken off a stream to open it is the
+gateway's, on a stream its record says broke off; `check_countersignature_in_log`
 that the backend's countersignature a receipt carries is the one the log recorded for
 its answer; `read_receipt` reads a receipt file within verify_receipt's cap.
 """
@@ -29,6 +30,7 @@ from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipts import MAX_RECEIPT_BYTES, Receipt
 from gateway.provenance.formats.records import Record, parse_record
+from gateway.provenance.formats.stream_body import gateway_error_problem, stripped_error_event
 from gateway.provenance.formats.tiles import TILE_WIDTH, TileReader
 from gateway.small_files import read_file_head
 
@@ -38,6 +40,7 @@ __all__ = [
     "check_claims",
     "check_countersignature_in_log",
     "check_receipt_in_log",
+    "check_stream_end",
     "completion_that_sent_nothing",
     "read_receipt",
     "receipt_commitment",
@@ -91,6 +94,35 @@ class LoggedCommitment:
     # which opens only with the bytes received less the gateway's receipt line
     # (`formats.stream_body.countersigned_body`), never in the forms of a broken stream.
     countersigned: bool = False
+    # A response's completion record: its index and status (`check_stream_end`).
+    completion: int | None = None
+    status: int | None = None
+
+
+def check_stream_end(logged: LoggedCommitment, received: bytes, opened: bytes) -> None:
+    """A stream's response commitment opened with `opened`, one of
+    `committed_bodies(received)`. The gateway's error event, which the commitment does not
+    cover, may have been taken off to reach it only where the gateway writes one: the
+    OpenAI error object alone, on a stream its completion says broke off (a status of 400
+    or more). Else the client received what the signed log does not say: an error on a
+    stream it says ended, or an event of the gateway's own (content an SDK reads) that no
+    commitment covers."""
+    data = stripped_error_event(received, opened)
+    if data is None:
+        return
+    problem = gateway_error_problem(data)
+    if problem is not None:
+        raise LogVerificationError(
+            f"the stream as received ends in an event shaped as the gateway's error event, "
+            f"but {problem}: it is not the gateway's error event, and the response "
+            "commitment does not cover it"
+        )
+    if logged.status is None or logged.status < 400:
+        raise LogVerificationError(
+            f"the stream as received ends in the gateway's error event, but entry "
+            f"{logged.completion}, its completion, says status {logged.status}: a stream "
+            "that did not break off, which the gateway ends with no error event"
+        )
 
 
 def receipt_commitment(
@@ -113,7 +145,8 @@ def receipt_commitment(
         if record.type == "completion" and record.data["dispatch"] == link and found:
             _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
             countersigned = statement_of_records(dispatch.data, record.data) is not None
-            return LoggedCommitment(str(found), countersigned)
+            status = record.data["status"]
+            return LoggedCommitment(str(found), countersigned, index, status)
     raise LogVerificationError(
         f"the log holds no response commitment for entry {receipt.index} of request "
         f"{receipt.request_id!r} (a completion with one, linking to it)"

@@ -11,7 +11,7 @@ import binascii
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gateway.provenance.errors import MalformedError
+from gateway.provenance.errors import MalformedError, SignatureError
 from gateway.provenance.formats.merkle import HASH_SIZE
 from gateway.provenance.formats.note import Note, Signer, Verifier, open_note, sign_note
 from gateway.provenance.formats.receipt_payload import MAX_ORIGIN, plain_origin
@@ -96,12 +96,23 @@ def open_checkpoint(
 ) -> SignedCheckpoint:
     """Verify a signed checkpoint; raises SignatureError or MalformedError.
 
-    When `origin` is given the checkpoint must carry exactly that origin line.
+    When `origin` is given the checkpoint must carry exactly that origin line. A log's key
+    is named for its origin (docs/provenance.md, "Keys"; a witness trusts a key only for
+    the log its name is): when `verifiers` hold a key named for the checkpoint's origin,
+    one of those must have signed it, not only a key another log's (a replica's).
     """
+    verifiers = tuple(verifiers)
     note = open_note(data, verifiers)
     checkpoint = Checkpoint.parse(note.text)
     if origin is not None and checkpoint.origin != origin:
         raise MalformedError(
             f"checkpoint origin is {checkpoint.origin!r}, expected {origin!r}: another log"
+        )
+    own = [str(v) for v in verifiers if v.name == checkpoint.origin]
+    if own and all(sig.name != checkpoint.origin for sig in note.verified):
+        signers = ", ".join(f"{sig.name}+{sig.key_id:08x}" for sig in note.verified)
+        raise SignatureError(
+            f"the checkpoint is of the log {checkpoint.origin!r}, but it is signed by "
+            f"{signers}, not by that log's key ({', '.join(own)}): another log's key signed it"
         )
     return SignedCheckpoint(checkpoint, data, note)

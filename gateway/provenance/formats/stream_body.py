@@ -25,9 +25,15 @@ verify --response-body` and `audit open --receipt` alike).
 
 from __future__ import annotations
 
+import json
 import re
 
-__all__ = ["committed_bodies", "countersigned_body"]
+__all__ = [
+    "committed_bodies",
+    "countersigned_body",
+    "gateway_error_problem",
+    "stripped_error_event",
+]
 
 _RECEIPT_LINE = re.compile(rb": owngate-receipt [A-Za-z0-9+/]*={0,2}\n\n\Z")
 _ERROR_EVENT = re.compile(rb'data: \{"error":\{[^\r\n]*\}\}\n\n\Z')
@@ -63,6 +69,41 @@ def countersigned_body(received: bytes) -> bytes:
     gateway's receipt line alone (no line end or error event the gateway may write
     before it after a stream that broke off, which is never countersigned)."""
     return committed_bodies(received)[0]
+
+
+def stripped_error_event(received: bytes, opened: bytes) -> bytes | None:
+    """The data of the error event `committed_bodies(received)` took off to reach
+    `opened` (one of its candidates), or None when it took none off."""
+    found = _RECEIPT_LINE.search(received)
+    if found is None:
+        return None
+    event = _error_event(received[: found.start()])
+    if event is None or len(opened) > event.start():
+        return None
+    return event.group()[len(b"data: ") : -2]
+
+
+_ERROR_MEMBERS = {"message", "type", "param", "code"}
+
+
+def gateway_error_problem(data: bytes) -> str | None:
+    """Why an event's `data` is not the gateway's error (`gateway.errors.error_body`: an
+    object of one member, `error`, the OpenAI error object of a message, type, param and
+    code, nothing else), or None. An event merely shaped like it (a falsy `error`, other
+    members SDKs read as content) is not the gateway's to add unhashed."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):  # RecursionError: a line nested past the stack
+        return "its data is not JSON"
+    error = value.get("error") if type(value) is dict and set(value) == {"error"} else None
+    if type(error) is not dict or set(error) != _ERROR_MEMBERS:
+        return "it is not an OpenAI error object alone"
+    texts = (error["message"], error["type"], error["code"])
+    if not all(type(text) is str and text for text in texts):
+        return "its message, type or code is not text"
+    if error["param"] is not None and type(error["param"]) is not str:
+        return "its param is not text"
+    return None
 
 
 def _error_event(body: bytes) -> re.Match[bytes] | None:
