@@ -168,6 +168,7 @@ class HostedRelay:
                 exchange.endpoint,  # type: ignore[arg-type]
                 scoped_params(doc, exchange.tenant),  # the tenant's own cache key and user
                 attempt.route.upstream_model,
+                exchange.tenant,
             )
         except HostedUnavailable as exc:  # no verdict: no provider was called
             exchange.upstream_error = "litellm_load"

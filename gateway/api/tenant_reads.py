@@ -1,12 +1,23 @@
 """The tenant's read-only paths: `GET /v1/models` (the models the tenant may use) and
 `GET /v1/provenance/receipts/{id}` and `/proofs/{id}` (its own requests' receipts and
 inclusion proofs). Each authenticates with the tenant surface's key check
-(gateway/api/openai.py); nothing is proxied."""
+(gateway/api/openai.py); nothing is proxied.
+
+A proof is read from the stored tiles on the log's checkpoint thread, one read at a time
+and in order with the checkpoint exports (gateway/provenance/writer/checkpointer.py), so
+the reads one process has in flight are bounded (`ProofReads`): at most `PROOF_READS`,
+and one tenant at most `PROOF_READS_PER_TENANT` of them; past either, 429 at once. Before,
+every proof request queued a read however many waited (a client closing each connection
+right after its request left its read queued): a checkpoint fell due behind all of them,
+for every tenant, and an export that had not returned for `export_stall_after_s` (the
+wait counted) made the log unready, every tenant's requests 503."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Final
 
 from gateway.api.listing import listed
 from gateway.api.runtime import Runtime
@@ -23,7 +34,56 @@ from gateway.asgi import (
 from gateway.errors import ErrorCode, GatewayError
 from gateway.tenants import TenantEntry
 
-__all__ = ["TenantReads"]
+__all__ = ["PROOF_READS", "PROOF_READS_PER_TENANT", "ProofReads", "TenantReads"]
+
+# Proof reads in flight at once (on the checkpoint thread or waiting for it), per process:
+# a checkpoint falling due waits behind at most these (~1 ms each on a local disk).
+PROOF_READS: Final = 8
+PROOF_READS_PER_TENANT: Final = 4  # of them, one tenant's
+_RETRY_SOON = ((b"retry-after", b"1"),)
+
+
+class ProofReads:
+    """The proof reads in flight, in all and per tenant (`taken`: one more, or 429)."""
+
+    def __init__(self, most: int = PROOF_READS, per_tenant: int = PROOF_READS_PER_TENANT) -> None:
+        self._most, self._per_tenant = most, per_tenant
+        self._reading: dict[str, int] = {}  # tenant -> its reads in flight (none: absent)
+        self._total = 0
+
+    def reading(self, tenant: str) -> int:
+        return self._reading.get(tenant, 0)
+
+    @contextlib.contextmanager
+    def taken(self, tenant: str) -> Iterator[None]:
+        """Hold one read of `tenant` for the block; raises `GatewayError` (429, retry after
+        1 s) when the tenant or the process already reads as many as it may."""
+        mine = self._reading.get(tenant, 0)
+        if mine >= self._per_tenant:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                f"your requests already read {mine} inclusion proofs at once, as many as one "
+                "tenant's may; retry when one is answered",
+                headers=_RETRY_SOON,
+            )
+        if self._total >= self._most:
+            raise GatewayError(
+                ErrorCode.rate_limit_exceeded,
+                f"the gateway already reads {self._total} inclusion proofs at once, as many "
+                "as it reads; retry shortly",
+                headers=_RETRY_SOON,
+            )
+        self._reading[tenant] = mine + 1
+        self._total += 1
+        try:
+            yield
+        finally:
+            self._total -= 1
+            left = self._reading[tenant] - 1
+            if left:
+                self._reading[tenant] = left
+            else:
+                del self._reading[tenant]
 
 
 class TenantReads:
@@ -33,6 +93,7 @@ class TenantReads:
     def __init__(self, runtime: Runtime, authenticate: Callable[[Scope], TenantEntry]) -> None:
         self._runtime = runtime
         self._authenticate = authenticate
+        self._proofs = ProofReads()  # outlives config reloads, as the log does
 
     async def models(self, scope: Scope, receive: Receive, send: Send, request_id: bytes) -> None:
         """`GET /v1/models`: the models the tenant may use and its policy does not refuse
@@ -88,7 +149,8 @@ class TenantReads:
                 await send_bytes(send, 200, envelope, request_id, JSON, PRIVATE_ANSWER)
                 return
             try:
-                proof = await recorder.log.inclusion_proof(index)
+                with self._proofs.taken(tenant.id):
+                    proof = await recorder.log.inclusion_proof(index)
             except ValueError as exc:
                 raise GatewayError(
                     ErrorCode.not_found,

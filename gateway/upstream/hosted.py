@@ -21,7 +21,7 @@ is read of an answer, or a stream's line, is bounded (`max_answer_bytes`, hosted
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from types import ModuleType
 from typing import Any, Final, NamedTuple
@@ -51,7 +51,7 @@ from gateway.upstream.media_urls import (
     Resolver,
     check_embedding_input,
     check_media_urls,
-    system_resolver,
+    tenant_resolver,
 )
 from gateway.upstream.openai_request import request_params
 from gateway.upstream.openai_shapes import InvalidField
@@ -133,7 +133,7 @@ class HostedClient:
         environ: Mapping[str, str],
         timeout_s: float,
         response_timeout_s: float | None = None,
-        resolve: Resolver = system_resolver,
+        resolve: Callable[[str], Resolver] = tenant_resolver,
         max_answer_bytes: int | None = None,
         idle_timeout_s: float | None = None,
     ) -> None:
@@ -144,7 +144,8 @@ class HostedClient:
         `idle_timeout_s` each wait for a stream's next chunk after its first (None:
         unbounded): a provider sending only SSE comments or blank lines, which LiteLLM
         reads and drops, restarts LiteLLM's per-read timeout forever;
-        `resolve` looks up the hosts of URLs in content parts (gateway/upstream/media_urls.py)."""
+        `resolve(tenant)` looks up the hosts of URLs in a tenant's content parts
+        (gateway/upstream/media_urls.py)."""
         if backend.kind != "hosted":
             raise ValueError(f"backend {backend.id!r} is {backend.kind}, not hosted")
         self.backend_id = backend.id
@@ -171,14 +172,15 @@ class HostedClient:
         return f"HostedClient({self.backend_id!r}, provider={self.provider!r})"
 
     async def send(
-        self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str
+        self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str, tenant: str = ""
     ) -> HostedResponse:
         """Check the request for this provider (`prepare`), then call the provider;
         returns once the answer (or a stream's first chunk) is in."""
-        return await self.send_prepared(await self.prepare(endpoint, doc, upstream_model))
+        prepared = await self.prepare(endpoint, doc, upstream_model, tenant)
+        return await self.send_prepared(prepared)
 
     async def prepare(
-        self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str
+        self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str, tenant: str = ""
     ) -> Prepared:
         """The request as this provider gets it, checked without sending anything: its
         OpenAI shape (gateway/upstream/openai_shapes.py), what the provider would do
@@ -200,7 +202,8 @@ class HostedClient:
                 raise InvalidField("model", BOTO3_ROUTES[endpoint, route])
             if endpoint == "chat":  # URLs an adapter would fetch from here
                 provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
-                await check_media_urls(params, provider or self.provider, self._resolve)
+                resolve = self._resolve(tenant)  # its lookups hold its part of the threads
+                await check_media_urls(params, provider or self.provider, resolve)
             elif endpoint == "embeddings":  # objects an adapter would read from the account
                 check_embedding_input(params)
         except (InvalidField, RefusedField) as exc:

@@ -34,7 +34,14 @@ URL in prose is text. At most `MAX_URLS` URLs per request, each host resolved wi
 `RESOLVE_TIMEOUT_S` for all of them together (unresolvable, or not in time: refused),
 each distinct host once. Lookups run on `MAX_LOOKUPS` threads of their own: a client
 sending hosts that resolve slowly delays only other clients' URL checks, never the
-gateway's lookups of its own backends (the event loop's default executor).
+gateway's lookups of its own backends (the event loop's default executor). One tenant's
+lookups hold at most `MAX_LOOKUPS_PER_TENANT` of those threads (`tenant_resolver`), from
+when a lookup is handed to a thread until the thread returns, whether or not its request
+still waits; its next lookup waits for one of its own (within its request's budget).
+Before, a tenant sending names whose DNS server never answers (each holds its thread for
+the resolver's whole timeout, after the request gave up at its 5 s) took all four
+threads with four such requests at a time, and every other tenant's URL check waited
+behind them and was refused.
 
 An embeddings request has no content parts, but its `input` strings are read the same way
 by some adapters: Vertex's multimodal embeddings send a string containing `gs://` as a
@@ -52,10 +59,12 @@ provider, content parts and all) are checked before, by gateway/upstream/openai_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import ipaddress
 import re
 import socket
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final
@@ -66,18 +75,25 @@ from gateway.upstream.openai_shapes import InvalidField, content_parts
 
 __all__ = [
     "MAX_LOOKUPS",
+    "MAX_LOOKUPS_PER_TENANT",
     "MAX_URLS",
     "RESOLVE_TIMEOUT_S",
     "Resolver",
     "check_embedding_input",
     "check_media_urls",
     "system_resolver",
+    "tenant_resolver",
 ]
 
 MAX_URLS: Final = 64
 RESOLVE_TIMEOUT_S: Final = 5.0  # for all of a request's lookups together
 MAX_LOOKUPS: Final = 4  # threads resolving clients' URL hosts, for the whole process
+MAX_LOOKUPS_PER_TENANT: Final = 2  # of them, the most one tenant's lookups hold at once
 _lookups: ThreadPoolExecutor | None = None  # made on the first lookup (nothing at import)
+# Per event loop, each tenant's places on the lookup threads (`tenant_resolver`).
+_places: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
 # Providers whose LiteLLM adapter downloads a URL without LiteLLM's address guard.
 _UNGUARDED: Final = frozenset({"gigachat"})
 _SCHEME: Final = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -118,15 +134,40 @@ _STORED_WHY = (
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
-async def system_resolver(host: str, port: int) -> list[str]:
+async def system_resolver(host: str, port: int, *, tenant: str = "") -> list[str]:
     """The addresses `host` resolves to, as the OS resolver says (on `MAX_LOOKUPS` threads
-    of this module's own, made on the first lookup)."""
+    of this module's own, made on the first lookup), `tenant`'s lookup: it takes one of
+    the tenant's `MAX_LOOKUPS_PER_TENANT` places first (waiting for one), and gives it
+    back when the thread returns, not when the caller stops waiting."""
     global _lookups  # one pool per process, made when first needed
     if _lookups is None:
         _lookups = ThreadPoolExecutor(MAX_LOOKUPS, thread_name_prefix="owngate-url-dns")
+    loop = asyncio.get_running_loop()
+    places = _places.setdefault(loop, {})
+    place = places.get(tenant)
+    if place is None:
+        place = places[tenant] = asyncio.Semaphore(MAX_LOOKUPS_PER_TENANT)
+    await place.acquire()  # cancelled here (its request's budget spent): nothing held
     lookup = functools.partial(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-    infos = await asyncio.get_running_loop().run_in_executor(_lookups, lookup)
+    try:
+        running = _lookups.submit(lookup)
+    except BaseException:
+        place.release()
+        raise
+    running.add_done_callback(lambda _: _give_back(loop, place))
+    infos = await asyncio.wrap_future(running, loop=loop)
     return [str(info[4][0]) for info in infos]
+
+
+def _give_back(loop: asyncio.AbstractEventLoop, place: asyncio.Semaphore) -> None:
+    """A lookup's thread returned (or the lookup was dropped unstarted): its place is free."""
+    with contextlib.suppress(RuntimeError):  # a closed loop: no one waits on its places
+        loop.call_soon_threadsafe(place.release)
+
+
+def tenant_resolver(tenant: str) -> Resolver:
+    """`system_resolver` for `tenant`'s lookups (its part of the threads)."""
+    return functools.partial(system_resolver, tenant=tenant)
 
 
 async def check_media_urls(
