@@ -9,8 +9,8 @@ connection, a 5xx, no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves),
 or a 2xx answer of the other shape than the request asked for (`shape`: a whole answer
 to a stream request, a stream to any other, a 204, 205 or 3xx, a body that is empty, not
-a JSON object or one that does not parse; the client would read none, nor the usage the
-record would state).
+a JSON object or one that does not parse, a content type other than JSON or an event
+stream in UTF-8; the client would read none, nor the usage the record would state).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
 over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
