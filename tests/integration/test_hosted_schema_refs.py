@@ -1,9 +1,12 @@
-"""A tool schema whose `$ref`s expand past the bound never reaches LiteLLM's adapters.
+"""A request whose conversion would hold the gateway's CPU never reaches LiteLLM's
+adapters.
 
 LiteLLM's Gemini adapter inlines every `$ref` of a tool's parameters (a deep copy of the
 definition per reference, unbounded) before it sends the request: definitions that each
 refer to the next twice made a 2 KB body 2**n copies in the gateway's process, which then
-went to the provider. A loopback server stands for the provider and records each request.
+went to the provider. It names each tool result by searching the latest assistant
+message's tool calls one by one: n calls and n results, n**2 comparisons (32,000 of each,
+a 4 MB body: 80 s). A loopback server stands for the provider and records each request.
 """
 
 from __future__ import annotations
@@ -59,10 +62,7 @@ def doubling(depth: int) -> dict[str, Any]:
     return {"type": "object", "properties": {"x": {"$ref": "#/$defs/d0"}}, "$defs": defs}
 
 
-def test_a_tool_schema_that_would_expand_past_the_bound_is_refused_unsent(
-    provider: tuple[str, list[str]],
-) -> None:
-    url, hits = provider
+def gemini(url: str) -> HostedClient:
     backend = BackendSettings.model_validate(
         {
             "id": "gemini",
@@ -75,17 +75,49 @@ def test_a_tool_schema_that_would_expand_past_the_bound_is_refused_unsent(
             "api_key_env": "HOSTED_KEY",
         }
     )
-    client = HostedClient(backend, environ={"HOSTED_KEY": "k"}, timeout_s=10.0)
-    # 14 doublings: some 160,000 values inlined (about 1 s of LiteLLM's time; each step
-    # more doubles it); the body is 2 KB.
-    tools = [{"type": "function", "function": {"name": "f", "parameters": doubling(14)}}]
-    doc = {"model": "public", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    return HostedClient(backend, environ={"HOSTED_KEY": "k"}, timeout_s=10.0)
 
+
+def refused_unsent(client: HostedClient, doc: dict[str, Any]) -> HostedError:
     async def send() -> None:
         await client.send("chat", doc, "public")
 
     with pytest.raises(HostedError) as refused:
         asyncio.run(send())
-    assert (refused.value.status, refused.value.param) == (400, "tools")
+    assert refused.value.status == 400
     assert "not sent" in refused.value.message
+    return refused.value
+
+
+def test_a_tool_schema_that_would_expand_past_the_bound_is_refused_unsent(
+    provider: tuple[str, list[str]],
+) -> None:
+    url, hits = provider
+    # 14 doublings: some 160,000 values inlined (about 1 s of LiteLLM's time; each step
+    # more doubles it); the body is 2 KB.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": doubling(14)}}]
+    doc = {"model": "public", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    assert refused_unsent(gemini(url), doc).param == "tools"
     assert hits == []  # nothing reached the provider
+
+
+def test_tool_results_searched_among_too_many_calls_are_refused_unsent(
+    provider: tuple[str, list[str]],
+) -> None:
+    url, hits = provider
+    # 4,096 calls and their results: 16 million comparisons (about 1.5 s of LiteLLM's
+    # time; each doubling of both quadruples it); the body is 600 KB.
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        for i in range(4096)
+    ]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": "x"} for i in range(4096)]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *results,
+    ]
+    assert refused_unsent(gemini(url), {"model": "public", "messages": messages}).param == (
+        "messages"
+    )
+    assert hits == []

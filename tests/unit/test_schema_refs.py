@@ -1,7 +1,8 @@
-"""A hosted request's JSON Schema `$ref`s are bounded before LiteLLM inlines them
-(gateway/upstream/schema_refs.py): its Gemini, Vertex AI and Bedrock adapters copy each
-referenced definition in, unbounded, so definitions that each refer to the next twice
-expanded to 2**n copies in the gateway's process."""
+"""What LiteLLM's adapters would make of a hosted request in the gateway's process is
+bounded before they run: JSON Schema `$ref`s (gateway/upstream/schema_refs.py; its
+Gemini, Vertex AI and Bedrock adapters copy each referenced definition in, unbounded, so
+definitions that each refer to the next twice expanded to 2**n copies) and tool results
+times the calls they are searched among (gateway/upstream/openai_shapes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream.openai_request import request_params
-from gateway.upstream.openai_shapes import InvalidField
+from gateway.upstream.openai_shapes import MAX_TOOL_LOOKUPS, InvalidField
 from gateway.upstream.schema_refs import MAX_INLINED, MAX_REF_DEPTH, check_schema_refs
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -109,3 +110,28 @@ def test_a_large_schema_without_references_is_not_counted() -> None:
         "properties": {f"p{i}": {"type": "string"} for i in range(MAX_INLINED)},
     }
     check_schema_refs({"tools": [tool(wide)]})
+
+
+def calls_and_results(calls: int, results: int) -> list[dict[str, Any]]:
+    """A user turn, an assistant turn of `calls` tool calls, then `results` tool results."""
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            for i in range(calls)
+        ],
+    }
+    tool = [{"role": "tool", "tool_call_id": f"c{i}", "content": "x"} for i in range(results)]
+    return [*MESSAGES, assistant, *tool]
+
+
+def test_tool_results_times_the_calls_they_are_searched_among_are_bounded() -> None:
+    # LiteLLM's Gemini adapter searches the latest assistant's calls for each result's id.
+    with pytest.raises(InvalidField) as refused:
+        request_params(
+            "chat", {"model": "m", "messages": calls_and_results(1025, MAX_TOOL_LOOKUPS // 1024)}
+        )
+    assert refused.value.param == "messages"
+    results = MAX_TOOL_LOOKUPS // 1024  # at the bound: within it
+    request_params("chat", {"model": "m", "messages": calls_and_results(1024, results)})
