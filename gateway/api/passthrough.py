@@ -9,8 +9,8 @@ connection, a 5xx, no first byte within the attempt's first-byte budget (the
 backend's `first_byte_timeout_s`, cut to what the request's failover deadline leaves),
 or a 2xx answer of the other shape than the request asked for (`shape`: a whole answer
 to a stream request, a stream to any other, a 204, 205 or 3xx, a body that is empty, not
-a JSON object or one that does not parse; the client would read none, nor the usage the
-record would state).
+a JSON object or one that does not parse, a content type other than JSON or an event
+stream in UTF-8; the client would read none, nor the usage the record would state).
 A stream's response headers are held back until its first chunk arrives, so a backend
 that answers headers and then hangs, or ends the stream with no byte, can still be failed
 over (stream_relay.py relays a stream). What happens is told to the routing `Attempt`
@@ -44,8 +44,10 @@ from gateway.api.answer_reads import (
     check_readable,
     check_status,
     ended_by_close,
+    is_sse,
     read_error_body,
     read_held,
+    relayed_type,
 )
 from gateway.api.attested import Attester, SseTail
 from gateway.api.body_rewrites import ask_for_usage, model_pattern, rewrite_model
@@ -69,22 +71,12 @@ from gateway.upstream.tenant_ids import salted_body
 
 __all__ = ["PrivateRelay"]
 
-_SSE = b"text/event-stream"
 # What a 2xx answer of the wrong shape was (by whether it is SSE): the gateway's own
 # words, never the backend's content type.
 _SHAPES: Final = {
     False: "a whole answer (not text/event-stream) to a stream request",
     True: "an event stream (text/event-stream) to a request that is not a stream",
 }
-# The only header of a backend's that reaches the client is its content type (relayed on
-# a 2xx answer): a media type and its parameters, at most 256 visible ASCII bytes.
-# Longer, a client's HTTP parser may refuse the head (aiohttp past 8190 bytes a line,
-# Node's fetch past 16 KiB) and read no answer at all, while the record would state one
-# served: the answer is refused before the client saw a byte (`shape`, 502).
-_RELAYABLE_TYPE: Final = re.compile(rb"[\x20-\x7e\t]{1,256}")
-_UNRELAYABLE_TYPE: Final = (
-    "a content-type header the gateway does not relay (over 256 bytes, or not visible ASCII)"
-)
 # The endpoints whose prompts a server's prefix cache holds (`isolate_prefix_cache`):
 # embeddings too (vLLM's pooling requests read `cache_salt`, and a causal embedding
 # model's prompts share the prefix cache).
@@ -258,8 +250,7 @@ class PrivateRelay:
         backend = attempt.backend
         status = response.status
         content_type = response.header(b"content-type") or b"application/json"
-        # A media type is case-insensitive: clients read `Text/Event-Stream` as SSE too.
-        sse = content_type[: len(_SSE)].lower() == _SSE
+        sse = is_sse(content_type)
         if not sse or status >= 400:
             attempt.first_byte()  # a whole answer: its prefill is done
         if status >= 400:
@@ -280,8 +271,7 @@ class PrivateRelay:
                     busy=status == 429,
                 )
             raise translate_upstream_error(status, data, hosts)
-        if _RELAYABLE_TYPE.fullmatch(content_type) is None:
-            raise UpstreamError("shape", _UNRELAYABLE_TYPE)
+        relayed_type(content_type)  # only one its clients read as the gateway did (`shape`)
         check_status(status)  # a 204, 205 or 3xx is no answer, stream or whole
         if sse != _wants_stream(exchange):
             # The client would read it in the other shape (an SDK parses a stream request's

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from gateway.upstream.openai_shapes import InvalidField, check_shapes
 from gateway.upstream.openai_wire import Endpoint
+from gateway.upstream.schema_refs import check_schema_refs
 
 __all__ = ["request_params"]
 
@@ -132,8 +133,9 @@ def request_params(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """LiteLLM arguments for the client's document, and the names of fields left out.
 
-    Raises `InvalidField` for a field of the wrong JSON type, a malformed message, or a
-    missing required field (`messages`, `prompt`, `input`).
+    Raises `InvalidField` for a field of the wrong JSON type, a malformed message, a
+    missing required field (`messages`, `prompt`, `input`), or a schema whose `$ref`s
+    would expand past `schema_refs.MAX_INLINED` values.
     Streams always ask the provider for usage (`stream_options.include_usage`): the
     gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
     from clients that did not ask for it. No other `stream_options` key is sent.
@@ -146,6 +148,7 @@ def request_params(
     for name, value in params.items():
         _check_type(name, value, _TYPES.get(name))
     check_shapes(endpoint, params)
+    check_schema_refs(params)  # `$ref`s an adapter inlines: bounded (schema_refs.py)
     ignored = [k for k in doc if k not in allowed and k not in _HANDLED]
     options = doc.get("stream_options")
     if isinstance(options, dict):

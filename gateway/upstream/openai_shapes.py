@@ -23,7 +23,13 @@ from typing import Any, Final
 
 from gateway.upstream.openai_wire import Endpoint
 
-__all__ = ["USER_CONTENT_TYPES", "InvalidField", "check_shapes", "content_parts"]
+__all__ = [
+    "MAX_TOOL_LOOKUPS",
+    "USER_CONTENT_TYPES",
+    "InvalidField",
+    "check_shapes",
+    "content_parts",
+]
 
 # The content part types LiteLLM 1.108.7 accepts in a user message
 # (`litellm.types.llms.openai.ValidUserMessageContentTypes`; a test compares them): it
@@ -62,6 +68,18 @@ _TOOL_CHOICES: Final = frozenset({"none", "auto", "required"})
 _FUNCTION_CALLS: Final = frozenset({"none", "auto"})
 _NAMED_CHOICES: Final = frozenset({"function", "custom"})
 _NAMES: Final = {str: "a string", dict: "an object", bool: "a boolean", list: "an array"}
+
+
+# LiteLLM's Gemini adapter names each tool result by searching the latest assistant
+# message's tool calls for its id, one by one: 32,000 calls and their results (4 MB) held
+# the gateway's CPU 80 s. Results times the calls they are searched among are bounded
+# (some 0.1 s of such searching); a conversation of a hundred calls and results is 10,000.
+MAX_TOOL_LOOKUPS: Final = 1 << 20
+_RESULT_ROLES: Final = frozenset({"tool", "function"})
+_TOO_MANY_LOOKUPS: Final = (
+    f"at most {MAX_TOOL_LOOKUPS} tool results times the tool calls of the assistant "
+    "message before them (a provider's adapter searches those calls for each result)"
+)
 
 
 class InvalidField(ValueError):
@@ -257,7 +275,9 @@ def _check_messages(messages: list[Any]) -> None:
     """Each message an object with a string `role` (and `name`, if any); its `content` a
     string or an array of content parts its role may send; null only for an assistant (or
     legacy function) message. An assistant's tool calls and a tool result's id, a legacy
-    function result's name, as the API has them."""
+    function result's name, as the API has them; tool results times the calls they are
+    looked up among at most `MAX_TOOL_LOOKUPS`."""
+    calls, lookups = 0, 0  # the latest assistant's tool calls; results times calls so far
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -266,8 +286,13 @@ def _check_messages(messages: list[Any]) -> None:
         if not isinstance(role, str):
             raise InvalidField(f"{where}.role", "a string")
         _check_keys(where, message, name=str)
+        if role in _RESULT_ROLES:
+            lookups += calls
+            if lookups > MAX_TOOL_LOOKUPS:
+                raise InvalidField("messages", _TOO_MANY_LOOKUPS)
         if role == "assistant":
             _check_tool_calls(where, message)
+            calls = len(message.get("tool_calls") or ()) or calls
         elif role == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise InvalidField(f"{where}.tool_call_id", "a string (a tool result names its call)")
         elif role == "function" and not isinstance(message.get("name"), str):

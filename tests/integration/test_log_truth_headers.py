@@ -67,6 +67,17 @@ UNREADABLE: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         (whole_answer(200, ANSWER, b"content-type: application/json; x=\xff\xfe"),),
         WHOLE,
     ),
+    # A type its clients do not read as the JSON the gateway read: openai-node returns a
+    # string, the Python SDK in strict mode and aiohttp's `json()` raise, a browser
+    # renders `text/html`; `requests` decodes the body in the charset named (UTF-16: no
+    # JSON at all), while the record states the answer served with its usage.
+    "whole-html": ((whole_answer(200, ANSWER, b"content-type: text/html"),), WHOLE),
+    "whole-text": ((whole_answer(200, ANSWER, b"content-type: text/plain"),), WHOLE),
+    "whole-utf16": (
+        (whole_answer(200, ANSWER, b"content-type: application/json; charset=utf-16"),),
+        WHOLE,
+    ),
+    "stream-not-sse": (_sse(b"text/event-streaming"), CHAT),
     "stream-302-long": (
         (
             _sse(b"text/event-stream; x=" + b"a" * 9000)[0].replace(b"200 OK", b"302 Found"),

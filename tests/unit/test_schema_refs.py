@@ -1,0 +1,137 @@
+"""What LiteLLM's adapters would make of a hosted request in the gateway's process is
+bounded before they run: JSON Schema `$ref`s (gateway/upstream/schema_refs.py; its
+Gemini, Vertex AI and Bedrock adapters copy each referenced definition in, unbounded, so
+definitions that each refer to the next twice expanded to 2**n copies) and tool results
+times the calls they are searched among (gateway/upstream/openai_shapes.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.upstream.openai_request import request_params
+from gateway.upstream.openai_shapes import MAX_TOOL_LOOKUPS, InvalidField
+from gateway.upstream.schema_refs import MAX_INLINED, MAX_REF_DEPTH, check_schema_refs
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def doubling(depth: int, key: str = "$defs") -> dict[str, Any]:
+    """A schema of `depth` definitions, each referring to the next one twice: 2**depth
+    copies of the last once every reference is inlined."""
+    defs: dict[str, Any] = {
+        f"d{i}": {
+            "type": "object",
+            "properties": {"a": {"$ref": f"#/{key}/d{i + 1}"}, "b": {"$ref": f"#/{key}/d{i + 1}"}},
+        }
+        for i in range(depth)
+    }
+    defs[f"d{depth}"] = {"type": "string"}
+    return {"type": "object", "properties": {"x": {"$ref": f"#/{key}/d0"}}, key: defs}
+
+
+def tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+BOMBS: dict[str, dict[str, Any]] = {
+    "tools": {"tools": [tool(doubling(30))]},
+    "tools-definitions": {"tools": [tool(doubling(30, "definitions"))]},
+    "functions": {"functions": [{"name": "f", "parameters": doubling(30)}]},
+    "response_format": {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "s", "schema": doubling(30)},
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(BOMBS))
+def test_references_that_would_expand_past_the_bound_are_refused_naming_the_field(
+    case: str,
+) -> None:
+    doc: dict[str, Any] = {"model": "m", "messages": MESSAGES, **BOMBS[case]}
+    with pytest.raises(InvalidField) as refused:
+        request_params("chat", doc)
+    assert refused.value.param == next(iter(BOMBS[case]))
+    assert "$ref" in str(refused.value)
+
+
+def test_the_bound_is_on_what_would_be_inlined() -> None:
+    # 2**14 copies of the last definition and as many of the others: past the bound;
+    # 2**10: some 4,000 values, well within it.
+    with pytest.raises(InvalidField):
+        check_schema_refs({"tools": [tool(doubling(14))]})
+    check_schema_refs({"tools": [tool(doubling(10))]})
+
+
+def test_references_nested_past_the_depth_bound_are_refused() -> None:
+    chain: dict[str, Any] = {
+        f"d{i}": {"type": "object", "properties": {"a": {"$ref": f"#/$defs/d{i + 1}"}}}
+        for i in range(MAX_REF_DEPTH + 1)
+    }
+    chain[f"d{MAX_REF_DEPTH + 1}"] = {"type": "string"}
+    schema = {"$ref": "#/$defs/d0", "$defs": chain}
+    with pytest.raises(InvalidField):
+        check_schema_refs({"tools": [tool(schema)]})
+    del chain[f"d{MAX_REF_DEPTH - 1}"]["properties"]  # 32 references deep: within it
+    check_schema_refs({"tools": [tool(schema)]})
+
+
+def test_a_generated_schema_and_a_self_reference_pass() -> None:
+    # What pydantic makes of a model that nests others, one of them recursive: each
+    # reference inlined once, a cycle left as a reference (as LiteLLM leaves it).
+    schema = {
+        "$defs": {
+            "Address": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "Node": {
+                "type": "object",
+                "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+            },
+        },
+        "type": "object",
+        "properties": {
+            "home": {"$ref": "#/$defs/Address"},
+            "work": {"$ref": "#/$defs/Address"},
+            "tree": {"$ref": "#/$defs/Node"},
+        },
+    }
+    params, _ = request_params(
+        "chat", {"model": "m", "messages": MESSAGES, "tools": [tool(schema)]}
+    )
+    assert params["tools"][0]["function"]["parameters"] == schema
+
+
+def test_a_large_schema_without_references_is_not_counted() -> None:
+    wide = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "string"} for i in range(MAX_INLINED)},
+    }
+    check_schema_refs({"tools": [tool(wide)]})
+
+
+def calls_and_results(calls: int, results: int) -> list[dict[str, Any]]:
+    """A user turn, an assistant turn of `calls` tool calls, then `results` tool results."""
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            for i in range(calls)
+        ],
+    }
+    tool = [{"role": "tool", "tool_call_id": f"c{i}", "content": "x"} for i in range(results)]
+    return [*MESSAGES, assistant, *tool]
+
+
+def test_tool_results_times_the_calls_they_are_searched_among_are_bounded() -> None:
+    # LiteLLM's Gemini adapter searches the latest assistant's calls for each result's id.
+    with pytest.raises(InvalidField) as refused:
+        request_params(
+            "chat", {"model": "m", "messages": calls_and_results(1025, MAX_TOOL_LOOKUPS // 1024)}
+        )
+    assert refused.value.param == "messages"
+    results = MAX_TOOL_LOOKUPS // 1024  # at the bound: within it
+    request_params("chat", {"model": "m", "messages": calls_and_results(1024, results)})
