@@ -275,7 +275,7 @@ def _to_python(
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
-            if not isinstance(key_node, yaml.ScalarNode):
+            if not isinstance(key_node, yaml.ScalarNode) or explicit_tag(key_node):  # `!x a:`
                 issues.append(ConfigIssue(_render(path), line, "keys must be plain names", path))
                 continue
             key = key_node.value

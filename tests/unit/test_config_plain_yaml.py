@@ -196,3 +196,11 @@ def test_a_secret_from_the_environment_with_escapes_loads_as_it_is() -> None:
     text = config(owner='"${OWNER}"')
     loaded = parse_config(text, source="gw.yaml", env={"OWNER": "m\\x6c\\/"})
     assert loaded.backends[0].owner == "m\\x6c\\/"
+
+
+@pytest.mark.parametrize("tag", ["!!int", "!custom", "!!binary"])
+def test_a_tagged_key_is_an_error_as_a_tagged_value_is(tag: str) -> None:
+    """`!custom region: us-east-1` loaded as `region:` (the tag dropped unread), where a
+    tagged value is an error; a key is a plain name, as in policy files."""
+    found = issues(config().replace("    region:", f"    {tag} region:"))
+    assert found == ["line 7: backends[0]: keys must be plain names"], found
