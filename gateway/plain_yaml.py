@@ -137,14 +137,21 @@ def explicit_tag(node: yaml.Node) -> bool:
 # An escape in a double-quoted scalar, matched from its backslash: `\\` is one escape (a
 # backslash), so `"\\x41"` is the text `\x41`, not an escape of `A`.
 _ESCAPE = re.compile(r"\\(?:x([0-9A-Fa-f]{2})|u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|.)", re.DOTALL)
+# The named escapes of a printable ASCII character that need none (`\\"` and `\\\\` do),
+# and the line breaks PyYAML reads (an escaped one joins its lines).
+_NAMED_ASCII = frozenset({"/", " "})
+_LINE_BREAKS = frozenset("\r\n\x85\u2028\u2029")
 
 
 def escaped_ascii(node: yaml.Node) -> str | None:
-    """Why `node`, a double-quoted scalar, does not read as it loads: the first numeric
-    escape in it (`\\x2a`, `\\u0061`, `\\U0000002a`) that stands for a printable ASCII
-    character, which a reader sees as escape text and the loader reads as that character
-    (`"\\x2a"` is `*`); or None. Escapes of what cannot be written plainly (a control, a
-    line break, a non-ASCII character) are left to the checks of the value itself."""
+    """Why `node`, a double-quoted scalar, does not read as it loads, or None: the first
+    escape in it that stands for a printable ASCII character other than the two that must
+    be escaped (`\\"`, `\\\\`): a numeric one (`\\x2a`, `\\u0061`, `\\U0000002a`) or a
+    named one (`\\/`, `\\ `), which a reader sees as escape text and the loader reads as
+    that character (`"\\x2a"` is `*`); or an escaped line break that joins two words into
+    one (`"a\\` then `cme"` on the next line is `acme`, found by no `grep acme`). Escapes
+    of what cannot be written plainly (a control, a line break, a non-ASCII character) are
+    left to the checks of the value itself, and a line broken after a space still loads."""
     if not isinstance(node, yaml.ScalarNode) or node.style != '"':
         return None
     start, end = node.start_mark, node.end_mark
@@ -157,6 +164,19 @@ def escaped_ascii(node: yaml.Node) -> str | None:
             return (
                 f"the escape `{found.group()}` stands for {chr(int(digits, 16))!r}: a reader "
                 "sees the escape, the loader the character; write the character itself"
+            )
+        named = found.group()[1:]
+        if named in _NAMED_ASCII:
+            return (
+                f"the escape `{found.group()}` stands for {named!r}: a reader sees the "
+                "escape, the loader the character; write the character itself"
+            )
+        before = written[found.start() - 1]  # `written` opens with its quote
+        if named[:1] in _LINE_BREAKS and not before.isspace() and before != '"':
+            return (
+                f"a line ends in `{before}\\`, an escaped line break: the loader joins it to "
+                "the next line's text with no space, a reader sees two words; write the "
+                "value on one line, or break it after a space"
             )
     return None
 

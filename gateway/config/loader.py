@@ -1,11 +1,10 @@
 """Load `gateway.yaml`: YAML with line marks, `${ENV}` interpolation, schema validation.
 
 The file is read as the plain data it shows, as the policy files are
-(`gateway.plain_yaml`): no explicit YAML tags, whole numbers only in plain decimal
-digits (no `010`, `0x1e`, `1_000`, `1:30`), dates kept as text, no `"\\x75s"` for `us`;
-and a value must already be of its setting's type (`days: '30'` is refused, not read as
-30: `gateway.config.as_written`).
-Aliases stay allowed (bounded by `_MAX_VALUES`).
+(`gateway.plain_yaml`): no explicit YAML tags, whole numbers only in plain decimal digits
+(no `010`, `0x1e`, `1_000`, `1:30`), dates kept as text, no `"\\x75s"` for `us` in a value
+or key; and a value must already be of its setting's type (`days: '30'` is refused, not
+read as 30: `gateway.config.as_written`). Aliases stay allowed (bounded by `_MAX_VALUES`).
 
 Every problem is reported as a `ConfigIssue` carrying the YAML path (`backends[0].kind`)
 and the line it sits on, all at once, so `owngate config validate` shows the whole list.
@@ -275,13 +274,14 @@ def _to_python(
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            if not isinstance(key_node, yaml.ScalarNode):
-                line = key_node.start_mark.line + 1
+            line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode) or explicit_tag(key_node):  # `!x a:`
                 issues.append(ConfigIssue(_render(path), line, "keys must be plain names", path))
                 continue
             key = key_node.value
+            if (escaped := escaped_ascii(key_node)) is not None:  # `"regi\x6fn":` is `region:`
+                issues.append(ConfigIssue(_render((*path, key)), line, escaped, (*path, key)))
             if key in result:
-                line = key_node.start_mark.line + 1
                 issues.append(ConfigIssue(_render((*path, key)), line, "duplicate key", path))
             result[key] = _to_python(value_node, (*path, key), lines, issues, env, interpolated)
             lines[(*path, key)] = key_node.start_mark.line + 1  # a key's line, not its value's

@@ -84,6 +84,22 @@ def test_a_stream_cut_by_the_drain_deadline_mid_line_gets_its_error_on_a_line_of
     record = completion_record(tmp_path / "log", request_id)
     assert record["status"] == 503
     assert record["response_commitment"] == commit("response", salt, EVENT + partial)
+    # `audit open --receipt` takes the cut's error event off: `not_ready` is a 503, as
+    # the record says (a code of another status does not open)
+    (tmp_path / "received").write_bytes(got)
+    (tmp_path / "receipt.json").write_bytes(stream_receipt(got))
+    argv = [
+        "open",
+        str(tmp_path / "received"),
+        "--kind",
+        "response",
+        "--log",
+        str(tmp_path / "log"),
+    ]
+    argv += ["--receipt", str(tmp_path / "receipt.json")]
+    assert run_audit([*argv, "--key", load_signer(tmp_path / "log.key").vkey]) == 0
+    (tmp_path / "received").write_bytes(got.replace(b'"not_ready"', b'"upstream_error"'))
+    assert run_audit([*argv, "--key", load_signer(tmp_path / "log.key").vkey]) == 1
 
 
 @pytest.mark.parametrize("attested", [False, True], ids=["plain", "attested"])

@@ -146,3 +146,27 @@ def test_an_event_that_is_not_the_gateways_error_does_not_open(
         code, out = _open(log, cut, CUT + b"\n\n" + tail + _receipt_line(cut), tmp_path)
         assert code == 1, out
         assert "not the gateway's error event" in out
+
+
+@pytest.mark.parametrize(
+    ("event", "said"),
+    [
+        (error_body(ErrorCode.rate_limit_exceeded, "Quota used up: pay at x.example"), "(429)"),
+        (error_body(ErrorCode.upstream_timeout, "the backend timed out"), "(504)"),
+        (
+            error_body(ErrorCode.upstream_error, "x").replace(b"upstream_error", b"billing"),
+            "has not",
+        ),
+    ],
+)
+def test_an_error_event_of_another_failure_than_the_record_says_does_not_open(
+    receipts: tuple[Path, Path, Path], tmp_path: Path, event: bytes, said: str
+) -> None:
+    """The completion says 502; the gateway told the client of a 429 quota (or a 504, or
+    a code it does not have) in its error event, which no commitment covers: before, it
+    opened with ok. Each of the gateway's codes has one status, the record's."""
+    log, _, cut = receipts
+    received = CUT + b"\n\n" + b"data: " + event + b"\n\n" + _receipt_line(cut)
+    code, out = _open(log, cut, received, tmp_path)
+    assert code == 1, out
+    assert said in out and "says status 502" in out, out

@@ -170,3 +170,37 @@ def test_a_declared_fact_spelled_with_an_escape_of_an_ascii_character_is_an_erro
 
 def test_a_double_quoted_fact_without_such_an_escape_loads() -> None:
     parse_config(config(region='"eu-west-1"', owner='"m\\\\l"'), source="gw.yaml", env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "shown"),
+    [
+        (config().replace("    region:", '    "regi\\x6fn":'), "backends[0].region", "`\\x6f`"),
+        (config(region='"us-\\\n      east-1"'), "backends[0].region", "`-\\`"),
+        (config(owner='"m\\/l"'), "backends[0].owner", "`\\/`"),
+    ],
+)
+def test_a_key_or_value_that_loads_other_text_than_it_shows_is_an_error(
+    text: str, path: str, shown: str
+) -> None:
+    """A key spelled with an escape (`"regi\\x6fn":` is `region:`), a value joined across
+    lines with no space (`"us-\\` / `east-1"` is `us-east-1`) or a needless named escape
+    is refused, as in policy files."""
+    found = [issue for issue in issues(text) if shown in issue]
+    assert len(found) == 1, issues(text)
+    assert f"{path}: " in found[0], found
+
+
+def test_a_secret_from_the_environment_with_escapes_loads_as_it_is() -> None:
+    """The check reads the file as written: a `${VAR}` value holding `\\x41` is kept."""
+    text = config(owner='"${OWNER}"')
+    loaded = parse_config(text, source="gw.yaml", env={"OWNER": "m\\x6c\\/"})
+    assert loaded.backends[0].owner == "m\\x6c\\/"
+
+
+@pytest.mark.parametrize("tag", ["!!int", "!custom", "!!binary"])
+def test_a_tagged_key_is_an_error_as_a_tagged_value_is(tag: str) -> None:
+    """`!custom region: us-east-1` loaded as `region:` (the tag dropped unread), where a
+    tagged value is an error; a key is a plain name, as in policy files."""
+    found = issues(config().replace("    region:", f"    {tag} region:"))
+    assert found == ["line 7: backends[0]: keys must be plain names"], found

@@ -77,3 +77,38 @@ def test_the_escaped_allow_would_admit_everywhere_written_plainly() -> None:
 def test_escapes_that_stand_for_no_printable_ascii_character_still_load(description: str) -> None:
     policy_set = parse_policies([("p.yaml", _policy(description=description))], BACKENDS)
     assert policy_set.decide("t", "m", None).eligible == ("gpu",)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "shown"),
+    [
+        # `acme`, which no `grep acme` finds: an escaped line break joins `a` and `cme`
+        (_policy(tenant='"a\\\n    cme"'), "p.yaml:5:13", "`a\\`"),
+        (_policy(allow='"e\\\n    u"'), "p.yaml:6:23", "`e\\`"),
+        (_policy(allow='"e\\\n    u"').replace("\n", "\r\n"), "p.yaml:6:23", "`e\\`"),
+        (_policy(description="a\\/b"), "p.yaml:3:19", "`\\/`"),  # `/` as a named escape
+        (_policy(allow='"e\\ u"'), "p.yaml:6:23", "`\\ `"),
+    ],
+)
+def test_a_named_escape_or_an_escaped_line_break_that_hides_text_is_an_error(
+    text: str, where: str, shown: str
+) -> None:
+    """The other escapes that load a printable ASCII text a review does not read: `\\/`
+    and `\\ ` (as `\\x2f`, `\\x20`), and a line ending in `\\` after a letter, which the
+    loader joins to the next line with no space (`"a\\` / `cme"` is `acme`)."""
+    policy_set, errors, _warnings = check_sources(
+        [("p.yaml", text)], BACKENDS, ("t", "acme", "a cme")
+    )
+    assert policy_set is None, "loaded; expected it refused"
+    problems = [str(e) for e in errors if shown in str(e)]
+    assert len(problems) == 1, [str(e) for e in errors]
+    assert problems[0].startswith(f"{where}:"), problems
+
+
+def test_a_description_broken_after_a_space_still_loads() -> None:
+    """A long description broken with `\\` after a space loads as the words it shows."""
+    text = _policy(description="Long text, \\\n    continued").replace(
+        'description: "', 'description:\n    "'
+    )
+    policy_set = parse_policies([("p.yaml", text)], BACKENDS)
+    assert policy_set.decide("t", "m", None).eligible == ("gpu",)

@@ -17,10 +17,12 @@ its answer; `read_receipt` reads a receipt file within verify_receipt's cap.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.errors import ErrorCode
 from gateway.provenance.audit.pinned import sent_nothing
 from gateway.provenance.audit.reader import LogDirectory
 from gateway.provenance.errors import LogVerificationError
@@ -104,9 +106,11 @@ def check_stream_end(logged: LoggedCommitment, received: bytes, opened: bytes) -
     `committed_bodies(received)`. The gateway's error event, which the commitment does not
     cover, may have been taken off to reach it only where the gateway writes one: the
     OpenAI error object alone, on a stream its completion says broke off (a status of 400
-    or more). Else the client received what the signed log does not say: an error on a
-    stream it says ended, or an event of the gateway's own (content an SDK reads) that no
-    commitment covers."""
+    or more), of a code of the gateway's whose status is the completion's
+    (`upstream_error` on a 502). Else the client received what the signed log does not
+    say: an error on a stream it says ended, another failure than the one it says (a
+    `rate_limit_exceeded` on a 502), or an event of the gateway's own (content an SDK
+    reads) that no commitment covers."""
     data = stripped_error_event(received, opened)
     if data is None:
         return
@@ -123,6 +127,20 @@ def check_stream_end(logged: LoggedCommitment, received: bytes, opened: bytes) -
             f"{logged.completion}, its completion, says status {logged.status}: a stream "
             "that did not break off, which the gateway ends with no error event"
         )
+    code = json.loads(data)["error"]["code"]  # gateway_error_problem: a str
+    status = _CODE_STATUS.get(code)
+    if status != logged.status:
+        said = "a code the gateway has not" if status is None else f"code {code} ({status})"
+        raise LogVerificationError(
+            f"the stream as received ends in an error event of {said}, but entry "
+            f"{logged.completion}, its completion, says status {logged.status}: the "
+            "client was told of another failure than the log says"
+        )
+
+
+# The status each of the gateway's error codes goes with (`gateway.errors`): its error
+# event says the code, the completion record the status.
+_CODE_STATUS = {code.value: code.status for code in ErrorCode}
 
 
 def receipt_commitment(
