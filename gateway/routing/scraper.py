@@ -15,6 +15,9 @@ the half-open probe that closes it (gateway/routing/breaker.py).
 A llama.cpp backend without `capacity.max_concurrency` has its slot count learned from
 `/props` (`total_slots`, llama-server's `--parallel`), or failing that from the length
 of `/slots`; it is learned again after the backend was unhealthy (a restart may change it).
+Until one is learned both are asked every round, so an answer with more arrays and objects
+than a slot list holds (`MAX_SLOT_CONTAINERS`) is not parsed: building millions of empty
+lists held the event loop 0.4 s a document.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from gateway.routing.health import Verdict
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.registry import BackendState
 from gateway.routing.signals import (
+    MAX_LEARNED_SLOTS,
     BackendKind,
     BackendLoad,
     load_from_metrics,
@@ -42,13 +46,25 @@ from gateway.routing.signals import (
 )
 from gateway.upstream.http import HttpPool, UpstreamError
 
-__all__ = ["MAX_KEPT_BYTES", "MAX_SCRAPE_BYTES", "MetricsScraper", "Reading", "filter_exposition"]
+__all__ = [
+    "MAX_KEPT_BYTES",
+    "MAX_SCRAPE_BYTES",
+    "MAX_SLOT_CONTAINERS",
+    "MetricsScraper",
+    "Reading",
+    "filter_exposition",
+]
 
 SCRAPED_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang"})
 # What a scrape may be: vLLM's whole /metrics is tens of KiB, the lines read a few per
 # engine or scheduler (SGLang with every TP rank of 64 schedulers: ~35 KiB).
 MAX_SCRAPE_BYTES = 4 * 1024 * 1024  # a /metrics, /health, /props or /slots answer
 MAX_KEPT_BYTES = 256 * 1024  # the sample lines of the metrics read
+# Arrays and objects a `/props` or `/slots` answer may open (brackets in its strings
+# counted too) to be parsed at all: a slot of llama-server's list holds a dozen or so, for
+# `MAX_LEARNED_SLOTS` slots at most. 4 MiB of `[],[],...` were 1.4 million lists, 120 MB
+# and 0.4 s of the event loop to build, each round (tests/integration/test_scrape_answer_bound.py).
+MAX_SLOT_CONTAINERS = 64 * MAX_LEARNED_SLOTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +293,8 @@ class MetricsScraper:
                 return
             if response.status != 200:
                 continue
+            if body.count(b"[") + body.count(b"{") > MAX_SLOT_CONTAINERS:
+                continue  # no slot list: not parsed (MAX_SLOT_CONTAINERS)
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError:

@@ -1,0 +1,87 @@
+"""A llama.cpp backend's `/props` and `/slots` answers are its word, read within bounds.
+
+The scraper asks a llama.cpp backend without `capacity.max_concurrency` for its slot count
+on every round until it learns one (gateway/routing/scraper.py). A hostile backend that
+answers both with a document of millions of empty arrays (`[[],[],...]`, within the 4 MiB
+a scrape may read) never lets it learn one, and each parse of such a document built some
+1.4 million lists on the event loop: about 120 MB and 0.4 s a document, two a round,
+every `scrape.interval_s` (0.5 s by default), so one backend held the gateway's event
+loop most of the time. A document with more arrays and objects than any slot list has is
+not parsed: no slot count is learned from it, and it costs no more than its bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+
+import pytest
+
+from gateway.config.schema import ScrapeSettings
+from gateway.routing.registry import Registry
+from gateway.routing.scraper import MAX_SCRAPE_BYTES, MetricsScraper
+from tests.helpers.accepted import close_server
+from tests.helpers.gateways import backend, gateway_config
+from tests.helpers.scripted_upstream import read_request
+
+MIB = 1024 * 1024
+# Millions of empty arrays, a few bytes under what a scrape reads.
+LISTS = b"[" + b"[]," * (MAX_SCRAPE_BYTES // 3 - 2) + b"[]]"
+OBJECTS = b"[" + b"{}," * (MAX_SCRAPE_BYTES // 3 - 2) + b"{}]"
+
+
+def _answer(body: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+async def _learn_from(document: bytes) -> tuple[int | None, list[bytes], int]:
+    """One scrape round of a llama.cpp backend answering `/props` and `/slots` with
+    `document`: the slot count it learned, the paths it asked for, and the peak of the
+    memory allocated meanwhile."""
+    asked: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                path = (await read_request(reader)).split(b" ", 2)[1]
+                asked.append(path)
+                hostile = path in (b"/props", b"/slots")
+                writer.write(_answer(document if hostile else b""))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = gateway_config([backend("cpu", f"http://127.0.0.1:{port}", "m", kind="llamacpp")])
+    state = Registry.build(config, environ={}).backends["cpu"]
+    scraper = MetricsScraper([state], ScrapeSettings(timeout_s=60.0, staleness_s=120.0))
+    tracemalloc.start()
+    try:
+        await scraper.scrape_once()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        await scraper.close()
+        await close_server(server)
+    return state.learned_slots, asked, peak
+
+
+@pytest.mark.parametrize("document", [LISTS, OBJECTS], ids=["arrays", "objects"])
+def test_a_slot_answer_of_millions_of_containers_is_not_parsed(document: bytes) -> None:
+    learned, asked, peak = asyncio.run(_learn_from(document))
+    assert learned is None
+    assert b"/props" in asked and b"/slots" in asked  # both were read, and refused
+    # The two answers' bytes, and the copies the read makes of them; parsed, each was
+    # some 120 MB of lists (objects: as many dicts)
+    assert peak < 40 * MIB, f"{peak / MIB:.0f} MiB allocated while learning slots"
+
+
+def test_a_real_slot_list_is_still_learned() -> None:
+    slot = b'{"id":%d,"n_ctx":4096,"is_processing":false,"params":{"samplers":["top_k"]}}'
+    document = b"[" + b",".join(slot % n for n in range(4)) + b"]"
+    learned, _, _ = asyncio.run(_learn_from(document))
+    assert learned == 4
