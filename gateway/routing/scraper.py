@@ -15,9 +15,9 @@ the half-open probe that closes it (gateway/routing/breaker.py).
 A llama.cpp backend without `capacity.max_concurrency` has its slot count learned from
 `/props` (`total_slots`, llama-server's `--parallel`), or failing that from the length
 of `/slots`; it is learned again after the backend was unhealthy (a restart may change it).
-Until one is learned both are asked every round, so an answer with more arrays and objects
-than a slot list holds (`MAX_SLOT_CONTAINERS`) is not parsed: building millions of empty
-lists held the event loop 0.4 s a document.
+Until one is learned both are asked every round, so an answer longer, or with more arrays
+and objects, than a slot list has (`MAX_SLOTS_BYTES`, `MAX_SLOT_CONTAINERS`) is not parsed:
+building millions of empty lists held the event loop 0.3 s a document.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from gateway.upstream.http import HttpPool, UpstreamError
 __all__ = [
     "MAX_KEPT_BYTES",
     "MAX_SCRAPE_BYTES",
+    "MAX_SLOTS_BYTES",
     "MAX_SLOT_CONTAINERS",
     "MetricsScraper",
     "Reading",
@@ -60,10 +61,14 @@ SCRAPED_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang"})
 # engine or scheduler (SGLang with every TP rank of 64 schedulers: ~35 KiB).
 MAX_SCRAPE_BYTES = 4 * 1024 * 1024  # a /metrics, /health, /props or /slots answer
 MAX_KEPT_BYTES = 256 * 1024  # the sample lines of the metrics read
-# Arrays and objects a `/props` or `/slots` answer may open (brackets in its strings
-# counted too) to be parsed at all: a slot of llama-server's list holds a dozen or so, for
-# `MAX_LEARNED_SLOTS` slots at most. 4 MiB of `[],[],...` were 1.4 million lists, 120 MB
-# and 0.4 s of the event loop to build, each round (tests/integration/test_scrape_answer_bound.py).
+# What of a `/props` or `/slots` answer is parsed at all: its bytes, and the arrays and
+# objects it opens (brackets in its strings counted too). llama-server's `/props` is a few
+# KiB, a slot of its `/slots` under 1 KiB and a dozen or so arrays and objects, for
+# `MAX_LEARNED_SLOTS` slots at most. Parsed as they came, 4 MiB of `[],[],...` were 1.4
+# million lists, 120 MB and 0.3 s of the event loop (of `{"0":0,"1":0,...}`, 0.15 s),
+# each round until a count was learned (tests/integration/test_scrape_answer_bound.py);
+# within both bounds, under 10 ms.
+MAX_SLOTS_BYTES = 512 * 1024
 MAX_SLOT_CONTAINERS = 64 * MAX_LEARNED_SLOTS
 
 
@@ -293,8 +298,10 @@ class MetricsScraper:
                 return
             if response.status != 200:
                 continue
-            if body.count(b"[") + body.count(b"{") > MAX_SLOT_CONTAINERS:
-                continue  # no slot list: not parsed (MAX_SLOT_CONTAINERS)
+            if len(body) > MAX_SLOTS_BYTES or (
+                body.count(b"[") + body.count(b"{") > MAX_SLOT_CONTAINERS
+            ):
+                continue  # no slot count: not parsed (MAX_SLOTS_BYTES)
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError:

@@ -4,10 +4,10 @@ The scraper asks a llama.cpp backend without `capacity.max_concurrency` for its 
 on every round until it learns one (gateway/routing/scraper.py). A hostile backend that
 answers both with a document of millions of empty arrays (`[[],[],...]`, within the 4 MiB
 a scrape may read) never lets it learn one, and each parse of such a document built some
-1.4 million lists on the event loop: about 120 MB and 0.4 s a document, two a round,
+1.4 million lists on the event loop: about 120 MB and 0.3 s a document, two a round,
 every `scrape.interval_s` (0.5 s by default), so one backend held the gateway's event
-loop most of the time. A document with more arrays and objects than any slot list has is
-not parsed: no slot count is learned from it, and it costs no more than its bytes.
+loop most of the time. A document longer, or with more arrays and objects, than any slot
+list is not parsed: no slot count is learned from it, and it costs no more than its bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ MIB = 1024 * 1024
 # Millions of empty arrays, a few bytes under what a scrape reads.
 LISTS = b"[" + b"[]," * (MAX_SCRAPE_BYTES // 3 - 2) + b"[]]"
 OBJECTS = b"[" + b"{}," * (MAX_SCRAPE_BYTES // 3 - 2) + b"{}]"
+# One object, of some 400,000 members
+MEMBERS = b"{" + b",".join(b'"%x":0' % n for n in range(MAX_SCRAPE_BYTES // 11)) + b"}"
 
 
 def _answer(body: bytes) -> bytes:
@@ -70,18 +72,36 @@ async def _learn_from(document: bytes) -> tuple[int | None, list[bytes], int]:
     return state.learned_slots, asked, peak
 
 
-@pytest.mark.parametrize("document", [LISTS, OBJECTS], ids=["arrays", "objects"])
-def test_a_slot_answer_of_millions_of_containers_is_not_parsed(document: bytes) -> None:
+@pytest.mark.parametrize(
+    "document", [LISTS, OBJECTS, MEMBERS], ids=["arrays", "objects", "members"]
+)
+def test_a_slot_answer_of_millions_of_values_is_not_parsed(document: bytes) -> None:
     learned, asked, peak = asyncio.run(_learn_from(document))
     assert learned is None
     assert b"/props" in asked and b"/slots" in asked  # both were read, and refused
     # The two answers' bytes, and the copies the read makes of them; parsed, each was
-    # some 120 MB of lists (objects: as many dicts)
+    # some 120 MB of lists (objects: as many dicts; members: 90 MB of keys)
     assert peak < 40 * MIB, f"{peak / MIB:.0f} MiB allocated while learning slots"
 
 
-def test_a_real_slot_list_is_still_learned() -> None:
-    slot = b'{"id":%d,"n_ctx":4096,"is_processing":false,"params":{"samplers":["top_k"]}}'
-    document = b"[" + b",".join(slot % n for n in range(4)) + b"]"
+# What llama-server answers, with room to spare: 1,024 slots of its `/slots`, and a
+# `/props` whose chat template is long and full of braces.
+SLOT = (
+    b'{"id":%d,"id_task":-1,"n_ctx":4096,"speculative":false,"is_processing":false,'
+    b'"params":{"n_predict":-1,"samplers":["penalties","dry","top_k","top_p","min_p",'
+    b'"temperature"],"dry_sequence_breakers":["\\n",":"],"stop":[],"lora":[],'
+    b'"logit_bias":[],"grammar_triggers":[],"preserved_tokens":[]},'
+    b'"next_token":{"has_next_token":false,"n_remain":-1,"n_decoded":0}}'
+)
+SLOTS = b"[" + b",".join(SLOT % n for n in range(1024)) + b"]"
+TEMPLATE = "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
+PROPS = (
+    b'{"total_slots":1024,"chat_template":"%s","modalities":{"vision":false}}'
+    % (TEMPLATE * 400).encode()
+)
+
+
+@pytest.mark.parametrize("document", [SLOTS, PROPS], ids=["slots", "props"])
+def test_what_llama_server_answers_is_still_learned(document: bytes) -> None:
     learned, _, _ = asyncio.run(_learn_from(document))
-    assert learned == 4
+    assert learned == 1024
