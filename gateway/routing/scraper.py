@@ -348,17 +348,19 @@ def filter_exposition(body: bytes, names: frozenset[str], limit: int = MAX_KEPT_
     size = 0
     text = b"\n" + body
     for name in names:
-        needle = b"\n" + name.encode()
-        after = len(needle)
-        pos = text.find(needle)
-        while pos >= 0:
-            end = text.find(b"\n", pos + after)
-            line = text[pos + 1 : end if end >= 0 else len(text)]
-            if line[after - 1 : after] in (b"{", b" "):
+        # The name and the byte after it (labels, or the value) are searched for at once:
+        # a line the name only begins (`name_total 1`, `nameX`) is passed over at C speed,
+        # so the lines looked at in Python are those kept, within `limit`. Searched for as
+        # a name alone, 4 MiB of such near misses were looked at one by one (0.1 s).
+        for needle in (b"\n" + name.encode() + b"{", b"\n" + name.encode() + b" "):
+            pos = text.find(needle)
+            while pos >= 0:
+                end = text.find(b"\n", pos + len(needle))
+                line = text[pos + 1 : end if end >= 0 else len(text)]
                 size += len(line) + 1
                 if size > limit:
                     raise ValueError(f"the metrics read take more than {limit} bytes")
                 found.append((pos, line))
-            pos = -1 if end < 0 else text.find(needle, end)
+                pos = -1 if end < 0 else text.find(needle, end)
     found.sort()
     return b"".join(line + b"\n" for _, line in found).decode("utf-8")
