@@ -15,9 +15,11 @@ the half-open probe that closes it (gateway/routing/breaker.py).
 A llama.cpp backend without `capacity.max_concurrency` has its slot count learned from
 `/props` (`total_slots`, llama-server's `--parallel`), or failing that from the length
 of `/slots`; it is learned again after the backend was unhealthy (a restart may change it).
-Until one is learned both are asked every round, so an answer longer, or with more arrays
-and objects, than a slot list has (`MAX_SLOTS_BYTES`, `MAX_SLOT_CONTAINERS`) is not parsed:
-building millions of empty lists held the event loop 0.3 s a document.
+Until one is learned both are asked, so an answer longer, or with more arrays and objects,
+than a slot list has (`MAX_SLOTS_BYTES`, `MAX_SLOT_CONTAINERS`) is neither read on nor
+parsed (building millions of empty lists held the event loop 0.3 s a document), and after
+a round that learned none they are asked again after 1, 2, 4 ... rounds, at most
+`MAX_SLOT_BACKOFF_ROUNDS` (a round after the backend was unhealthy asks at once).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "MAX_KEPT_BYTES",
     "MAX_SCRAPE_BYTES",
     "MAX_SLOTS_BYTES",
+    "MAX_SLOT_BACKOFF_ROUNDS",
     "MAX_SLOT_CONTAINERS",
     "MetricsScraper",
     "Reading",
@@ -70,6 +73,7 @@ MAX_KEPT_BYTES = 256 * 1024  # the sample lines of the metrics read
 # within both bounds, under 10 ms.
 MAX_SLOTS_BYTES = 512 * 1024
 MAX_SLOT_CONTAINERS = 64 * MAX_LEARNED_SLOTS
+MAX_SLOT_BACKOFF_ROUNDS = 32  # 16 s at the default `scrape.interval_s`
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,8 @@ class _Target:
         self.props_path = prefix + b"/props"
         self.slots_path = prefix + b"/slots"
         self.learns_slots = backend.kind == "llamacpp" and not backend.capacity.max_concurrency
+        self.slot_rounds_left = 0  # rounds until slots are asked for again
+        self.slot_backoff = 1  # the rounds passed after the next round that learns none
 
 
 class MetricsScraper:
@@ -186,11 +192,7 @@ class MetricsScraper:
                     target, "/health: no answer within scrape.timeout_s", refused=False
                 )
             if target.learns_slots and target.state.learned_slots is None:
-                try:
-                    async with asyncio.timeout(timeout):
-                        await self._learn_slots(target)
-                except TimeoutError:
-                    pass  # tried again next round
+                await self._learn_slots_bounded(target)
             try:
                 async with asyncio.timeout(timeout):
                     await self._scrape(target)
@@ -287,21 +289,34 @@ class MetricsScraper:
         state.unhealthy_until = 0.0
         state.health_error = None
 
+    async def _learn_slots_bounded(self, target: _Target) -> None:
+        if target.slot_rounds_left > 0:
+            target.slot_rounds_left -= 1
+            return
+        try:
+            async with asyncio.timeout(self._settings.timeout_s):
+                await self._learn_slots(target)
+        except TimeoutError:
+            pass
+        if target.state.learned_slots is None:  # asked again after 1, 2, 4 ... rounds
+            target.slot_rounds_left = target.slot_backoff
+            target.slot_backoff = min(2 * target.slot_backoff, MAX_SLOT_BACKOFF_ROUNDS)
+
     async def _learn_slots(self, target: _Target) -> None:
         """llama.cpp's slot count: `/props` `total_slots`, else the length of `/slots`."""
         slots = None
         for path in (target.props_path, target.slots_path):
             try:
                 response = await target.pool.request(b"GET", path, target.headers, b"")
-                body = await response.read()
-            except UpstreamError:
+                body = await response.read(MAX_SLOTS_BYTES)  # not parsed past it: not read
+            except UpstreamError as exc:
+                if exc.kind == "too_large":
+                    continue  # its connection dropped, read no further
                 return
             if response.status != 200:
                 continue
-            if len(body) > MAX_SLOTS_BYTES or (
-                body.count(b"[") + body.count(b"{") > MAX_SLOT_CONTAINERS
-            ):
-                continue  # no slot count: not parsed (MAX_SLOTS_BYTES)
+            if body.count(b"[") + body.count(b"{") > MAX_SLOT_CONTAINERS:
+                continue  # no slot count: not parsed
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError:
@@ -328,6 +343,7 @@ class MetricsScraper:
         state.breaker.probe_failed(now, reason)
         if target.learns_slots:
             state.learned_slots = None  # a restarted server may run another --parallel
+            target.slot_rounds_left, target.slot_backoff = 0, 1  # asked at once
 
     def _record_failure(self, target: _Target, reason: str) -> None:
         if self._failures.get(target.id) != reason:

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.config.schema import ScrapeSettings
 from gateway.routing.registry import Registry
-from gateway.routing.scraper import MAX_SCRAPE_BYTES, MetricsScraper
+from gateway.routing.scraper import MAX_SCRAPE_BYTES, MAX_SLOT_BACKOFF_ROUNDS, MetricsScraper
 from tests.helpers.accepted import close_server
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.scripted_upstream import read_request
@@ -105,3 +105,79 @@ PROPS = (
 def test_what_llama_server_answers_is_still_learned(document: bytes) -> None:
     learned, _, _ = asyncio.run(_learn_from(document))
     assert learned == 1024
+
+
+# --- what a backend that never says its slot count costs, round after round ---
+
+
+async def _rounds(answers: list[bytes], rounds: int) -> tuple[list[int | None], list[bytes], int]:
+    """`rounds` scrape rounds of a llama.cpp backend answering `/props` with `answers[n]`
+    in round n (the last one after) and `/slots` with 404: the slot count known after each
+    round, the paths asked for, and the connections the scraper opened."""
+    asked: list[bytes] = []
+    connections = 0
+    round_no = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while True:
+                path = (await read_request(reader)).split(b" ", 2)[1]
+                asked.append(path)
+                if path == b"/props":
+                    writer.write(_answer(answers[min(round_no, len(answers) - 1)]))
+                elif path == b"/slots":
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                else:
+                    writer.write(_answer(b""))
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    config = gateway_config([backend("cpu", f"http://127.0.0.1:{port}", "m", kind="llamacpp")])
+    state = Registry.build(config, environ={}).backends["cpu"]
+    scraper = MetricsScraper([state], ScrapeSettings(timeout_s=60.0, staleness_s=120.0))
+    learned: list[int | None] = []
+    try:
+        for round_no in range(rounds):  # noqa: B007 - the server reads it
+            await scraper.scrape_once()
+            learned.append(state.learned_slots)
+    finally:
+        await scraper.close()
+        await close_server(server)
+    return learned, asked, connections
+
+
+def test_a_backend_that_says_no_slot_count_is_asked_less_and_less() -> None:
+    # Asked every round, a hostile backend's two answers were read (up to 4 MiB each) and
+    # scanned every `scrape.interval_s`, for as long as it said no slot count.
+    learned, asked, _ = asyncio.run(_rounds([MEMBERS], 40))
+    props = asked.count(b"/props")
+    assert learned == [None] * 40
+    assert 4 <= props <= 8, f"/props asked {props} times in 40 rounds"  # 1+2+4+8+16 rounds
+
+
+def test_a_slot_count_said_later_is_still_learned() -> None:
+    # Rounds 0-9 answer nothing usable; from round 10 on, /props says 4 slots: learned
+    # within the longest wait, and never asked for again.
+    props = b'{"total_slots":4}'
+    answers = [b"{}"] * 10 + [props]
+    learned, asked, _ = asyncio.run(_rounds(answers, 10 + 2 * MAX_SLOT_BACKOFF_ROUNDS))
+    assert learned[:10] == [None] * 10
+    assert learned[-1] == 4
+    first = learned.index(4)
+    assert 10 <= first <= 10 + MAX_SLOT_BACKOFF_ROUNDS
+    assert asked.count(b"/props") <= 7  # none after it was learned
+
+
+def test_an_answer_past_the_bound_is_not_read_on() -> None:
+    # 4 MiB announced: the connection is dropped at its head, not read to its end and
+    # kept for the next request (a scrape after it dials again).
+    learned, _, connections = asyncio.run(_rounds([MEMBERS], 1))
+    assert learned == [None]
+    assert connections == 2
