@@ -15,11 +15,17 @@ from __future__ import annotations
 import asyncio
 import tracemalloc
 
+import orjson
 import pytest
 
 from gateway.config.schema import ScrapeSettings
 from gateway.routing.registry import Registry
-from gateway.routing.scraper import MAX_SCRAPE_BYTES, MAX_SLOT_BACKOFF_ROUNDS, MetricsScraper
+from gateway.routing.scraper import (
+    MAX_SCRAPE_BYTES,
+    MAX_SLOT_BACKOFF_ROUNDS,
+    MAX_SLOTS_BYTES,
+    MetricsScraper,
+)
 from tests.helpers.accepted import close_server
 from tests.helpers.gateways import backend, gateway_config
 from tests.helpers.scripted_upstream import read_request
@@ -37,10 +43,12 @@ def _answer(body: bytes) -> bytes:
     return head % len(body) + body
 
 
-async def _learn_from(document: bytes) -> tuple[int | None, list[bytes], int]:
+async def _learn_from(
+    document: bytes, props: bytes | None = None
+) -> tuple[int | None, list[bytes], int]:
     """One scrape round of a llama.cpp backend answering `/props` and `/slots` with
-    `document`: the slot count it learned, the paths it asked for, and the peak of the
-    memory allocated meanwhile."""
+    `document` (`/props` with `props` if given): the slot count it learned, the paths it
+    asked for, and the peak of the memory allocated meanwhile."""
     asked: list[bytes] = []
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -48,8 +56,11 @@ async def _learn_from(document: bytes) -> tuple[int | None, list[bytes], int]:
             while True:
                 path = (await read_request(reader)).split(b" ", 2)[1]
                 asked.append(path)
-                hostile = path in (b"/props", b"/slots")
-                writer.write(_answer(document if hostile else b""))
+                if path == b"/props" and props is not None:
+                    writer.write(_answer(props))
+                else:
+                    hostile = path in (b"/props", b"/slots")
+                    writer.write(_answer(document if hostile else b""))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -84,27 +95,66 @@ def test_a_slot_answer_of_millions_of_values_is_not_parsed(document: bytes) -> N
     assert peak < 40 * MIB, f"{peak / MIB:.0f} MiB allocated while learning slots"
 
 
-# What llama-server answers, with room to spare: 1,024 slots of its `/slots`, and a
-# `/props` whose chat template is long and full of braces.
-SLOT = (
-    b'{"id":%d,"id_task":-1,"n_ctx":4096,"speculative":false,"is_processing":false,'
-    b'"params":{"n_predict":-1,"samplers":["penalties","dry","top_k","top_p","min_p",'
-    b'"temperature"],"dry_sequence_breakers":["\\n",":"],"stop":[],"lora":[],'
-    b'"logit_bias":[],"grammar_triggers":[],"preserved_tokens":[]},'
-    b'"next_token":{"has_next_token":false,"n_remain":-1,"n_decoded":0}}'
-)
-SLOTS = b"[" + b",".join(SLOT % n for n in range(1024)) + b"]"
+# What llama-server answers: a slot of its `/slots` as today's server writes it (its
+# request's sampling parameters; 1.3 KiB, more with the prompt an older server added),
+# as many as fit the bound, and a `/props` of 1,024 slots whose chat template is long and
+# full of braces. A `/props` without `total_slots` (servers before 2024) sends the scraper
+# to `/slots`, learned up to some 400 such slots (docs/configuration.md).
+_PARAMS = {
+    **dict.fromkeys(("n_predict", "max_tokens", "n_keep", "n_discard", "n_probs"), -1),
+    **dict.fromkeys(("temperature", "dynatemp_range", "dynatemp_exponent", "top_p"), 0.8),
+    **dict.fromkeys(("min_p", "top_n_sigma", "xtc_probability", "xtc_threshold"), 0.05),
+    **dict.fromkeys(("typical_p", "repeat_penalty", "presence_penalty"), 1.0),
+    **dict.fromkeys(("frequency_penalty", "dry_multiplier", "dry_base", "mirostat_tau"), 0.1),
+    **dict.fromkeys(("seed", "top_k", "repeat_last_n", "dry_allowed_length"), 4294967295),
+    **dict.fromkeys(("dry_penalty_last_n", "mirostat", "min_keep", "mirostat_eta"), 4096),
+    **dict.fromkeys(("ignore_eos", "stream", "grammar_lazy", "reasoning_in_content"), False),
+    **dict.fromkeys(("thinking_forced_open", "timings_per_token", "post_sampling_probs"), False),
+    **dict.fromkeys(("speculative.n_max", "speculative.n_min", "speculative.p_min"), 0.75),
+    **{key: [] for key in ("stop", "logit_bias", "grammar_triggers", "preserved_tokens", "lora")},
+    "dry_sequence_breakers": ["\n", ":", '"', "*"],
+    "grammar": "",
+    "chat_format": "Content-only",
+    "reasoning_format": "auto",
+    "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc"],
+}
+_NEXT = {"has_next_token": True, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
+
+
+def _slot(n: int) -> bytes:
+    return orjson.dumps(
+        {
+            "id": n,
+            "n_ctx": 4096,
+            "speculative": False,
+            "is_processing": False,
+            "id_task": 123456,
+            **dict.fromkeys(("n_prompt_tokens", "n_prompt_tokens_processed"), 0),
+            "params": _PARAMS,
+            "next_token": _NEXT,
+        }
+    )
+
+
+SLOT = _slot(0)
+FITTING = MAX_SLOTS_BYTES // (len(SLOT) + 2)  # slots of a `/slots` within the bound
+SLOTS = b"[" + b",".join(_slot(n) for n in range(FITTING)) + b"]"
 TEMPLATE = "{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] }}{% endfor %}"
-PROPS = (
-    b'{"total_slots":1024,"chat_template":"%s","modalities":{"vision":false}}'
-    % (TEMPLATE * 400).encode()
+PROPS = b'{"total_slots":1024,"chat_template":"%s","default_generation_settings":%s}' % (
+    (TEMPLATE * 400).encode(),
+    SLOT,
 )
 
 
-@pytest.mark.parametrize("document", [SLOTS, PROPS], ids=["slots", "props"])
-def test_what_llama_server_answers_is_still_learned(document: bytes) -> None:
-    learned, _, _ = asyncio.run(_learn_from(document))
+def test_what_llama_server_answers_is_still_learned() -> None:
+    assert 1200 < len(SLOT) < 1400  # as llama-server's (1,345 bytes), within some
+    assert len(SLOTS) <= MAX_SLOTS_BYTES
+    learned, asked, _ = asyncio.run(_learn_from(SLOTS, props=b"{}"))
+    assert b"/slots" in asked
+    assert learned == FITTING
+    learned, asked, _ = asyncio.run(_learn_from(PROPS))
     assert learned == 1024
+    assert b"/slots" not in asked
 
 
 # --- what a backend that never says its slot count costs, round after round ---
