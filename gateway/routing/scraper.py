@@ -50,6 +50,7 @@ from gateway.upstream.http import HttpPool, UpstreamError
 
 __all__ = [
     "MAX_KEPT_BYTES",
+    "MAX_KEPT_LINES",
     "MAX_SCRAPE_BYTES",
     "MAX_SLOTS_BYTES",
     "MAX_SLOT_BACKOFF_ROUNDS",
@@ -64,6 +65,8 @@ SCRAPED_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang"})
 # engine or scheduler (SGLang with every TP rank of 64 schedulers: ~35 KiB).
 MAX_SCRAPE_BYTES = 4 * 1024 * 1024  # a /metrics, /health, /props or /slots answer
 MAX_KEPT_BYTES = 256 * 1024  # the sample lines of the metrics read
+# and how many: each is parsed in Python (12 us), 9,000 short ones were 40 ms a round
+MAX_KEPT_LINES = 1024  # 64 engines or schedulers x 4 metrics: 256
 # What of a `/props` or `/slots` answer is parsed at all: its bytes, and the arrays and
 # objects it opens (brackets in its strings counted too). llama-server's `/props` is a few
 # KiB, a slot of its `/slots` under 1 KiB and a dozen or so arrays and objects, for
@@ -353,7 +356,7 @@ class MetricsScraper:
 
 def filter_exposition(body: bytes, names: frozenset[str], limit: int = MAX_KEPT_BYTES) -> str:
     """Keep only the sample lines of the wanted metrics (comments and others dropped), in
-    their order; `ValueError` when they take more than `limit` bytes.
+    their order; `ValueError` when they take more than `limit` bytes or `MAX_KEPT_LINES`.
 
     The body is searched for each name at a line start, not split into lines: a scrape
     costs a few scans of it at C speed, and only the lines kept (a few per engine or
@@ -377,6 +380,8 @@ def filter_exposition(body: bytes, names: frozenset[str], limit: int = MAX_KEPT_
                 if size > limit:
                     raise ValueError(f"the metrics read take more than {limit} bytes")
                 found.append((pos, line))
+                if len(found) > MAX_KEPT_LINES:
+                    raise ValueError(f"the metrics read take more than {MAX_KEPT_LINES} lines")
                 pos = -1 if end < 0 else text.find(needle, end)
     found.sort()
     return b"".join(line + b"\n" for _, line in found).decode("utf-8")

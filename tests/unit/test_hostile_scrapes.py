@@ -13,7 +13,12 @@ import pytest
 from gateway.routing.load import demand_and_slots
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.scorers.queue import queue_score
-from gateway.routing.scraper import MAX_KEPT_BYTES, MAX_SCRAPE_BYTES, filter_exposition
+from gateway.routing.scraper import (
+    MAX_KEPT_BYTES,
+    MAX_KEPT_LINES,
+    MAX_SCRAPE_BYTES,
+    filter_exposition,
+)
 from gateway.routing.signals import (
     MAX_LEARNED_SLOTS,
     BackendKind,
@@ -93,6 +98,16 @@ def test_the_lines_read_are_bounded() -> None:
     # one label value of megabytes: refused before the parser sees it
     with pytest.raises(ValueError, match="more than"):
         filter_exposition(b'a{engine="' + b"x" * 4 * MAX_KEPT_BYTES + b'"} 1\n', WANTED)
+
+
+def test_the_lines_read_are_counted() -> None:
+    # Short wanted lines, 256 KiB of them, were 9,000 lines parsed in Python each round
+    # (40 ms of the event loop every `scrape.interval_s`); a server has a few per engine.
+    lines = [b'a{engine="%d"} 1\n' % n for n in range(MAX_KEPT_LINES)]
+    assert len(b"".join(lines)) < MAX_KEPT_BYTES
+    assert filter_exposition(b"".join(lines), WANTED).count("\n") == MAX_KEPT_LINES
+    with pytest.raises(ValueError, match=f"more than {MAX_KEPT_LINES} lines"):
+        filter_exposition(b"".join(lines) + b"b 1\n", WANTED)
 
 
 def test_other_lines_cost_nothing_and_are_never_decoded() -> None:
