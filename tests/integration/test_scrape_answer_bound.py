@@ -95,6 +95,21 @@ def test_a_slot_answer_of_millions_of_values_is_not_parsed(document: bytes) -> N
     assert peak < 40 * MIB, f"{peak / MIB:.0f} MiB allocated while learning slots"
 
 
+# Within the byte bound: some 175,000 empty arrays or objects, under 512 KiB.
+SHORT_LISTS = b"[" + b"[]," * (MAX_SLOTS_BYTES // 3 - 2) + b"[]]"
+SHORT_OBJECTS = b"[" + b"{}," * (MAX_SLOTS_BYTES // 3 - 2) + b"{}]"
+
+
+@pytest.mark.parametrize("document", [SHORT_LISTS, SHORT_OBJECTS], ids=["arrays", "objects"])
+def test_a_short_answer_of_many_arrays_is_not_parsed(document: bytes) -> None:
+    # Its arrays and objects are counted before it is parsed: parsed, each was ~28 MB.
+    assert len(document) <= MAX_SLOTS_BYTES
+    learned, asked, peak = asyncio.run(_learn_from(document))
+    assert learned is None
+    assert b"/slots" in asked
+    assert peak < 8 * MIB, f"{peak / MIB:.0f} MiB allocated while learning slots"
+
+
 # What llama-server answers: a slot of its `/slots` as today's server writes it (its
 # request's sampling parameters; 1.3 KiB, more with the prompt an older server added),
 # as many as fit the bound, and a `/props` of 1,024 slots whose chat template is long and
