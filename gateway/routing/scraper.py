@@ -49,6 +49,7 @@ from gateway.routing.signals import (
 from gateway.upstream.http import HttpPool, UpstreamError
 
 __all__ = [
+    "MAX_HEALTH_BYTES",
     "MAX_KEPT_BYTES",
     "MAX_KEPT_LINES",
     "MAX_SCRAPE_BYTES",
@@ -77,6 +78,7 @@ MAX_KEPT_LINES = 1024  # 64 engines or schedulers x 4 metrics: 256
 MAX_SLOTS_BYTES = 512 * 1024
 MAX_SLOT_CONTAINERS = 64 * MAX_LEARNED_SLOTS
 MAX_SLOT_BACKOFF_ROUNDS = 32  # 16 s at the default `scrape.interval_s`
+MAX_HEALTH_BYTES = 64 * 1024  # a `/health` answer is its status; llama-server's body: 15 B
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +238,7 @@ class MetricsScraper:
         loading its model answers 503) gets no requests until it does."""
         try:
             response = await target.pool.request(b"GET", target.health_path, target.headers, b"")
-            await response.read()
+            await response.read(MAX_HEALTH_BYTES)
         except UpstreamError as exc:
             if exc.kind == "exhausted":  # the gateway's own descriptors, no word on the backend
                 return  # (the scrape after it meets the same and says so)

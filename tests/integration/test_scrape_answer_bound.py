@@ -175,10 +175,13 @@ def test_what_llama_server_answers_is_still_learned() -> None:
 # --- what a backend that never says its slot count costs, round after round ---
 
 
-async def _rounds(answers: list[bytes], rounds: int) -> tuple[list[int | None], list[bytes], int]:
+async def _rounds(
+    answers: list[bytes], rounds: int, health: bytes = b""
+) -> tuple[list[int | None], list[bytes], int, int]:
     """`rounds` scrape rounds of a llama.cpp backend answering `/props` with `answers[n]`
-    in round n (the last one after) and `/slots` with 404: the slot count known after each
-    round, the paths asked for, and the connections the scraper opened."""
+    in round n (the last one after), `/slots` with 404 and `/health` with `health`: the
+    slot count known after each round, the paths asked for, the connections the scraper
+    opened, and the health probes failed in a row at the end."""
     asked: list[bytes] = []
     connections = 0
     round_no = 0
@@ -194,6 +197,8 @@ async def _rounds(answers: list[bytes], rounds: int) -> tuple[list[int | None], 
                     writer.write(_answer(answers[min(round_no, len(answers) - 1)]))
                 elif path == b"/slots":
                     writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                elif path == b"/health":
+                    writer.write(_answer(health))
                 else:
                     writer.write(_answer(b""))
                 await writer.drain()
@@ -215,13 +220,13 @@ async def _rounds(answers: list[bytes], rounds: int) -> tuple[list[int | None], 
     finally:
         await scraper.close()
         await close_server(server)
-    return learned, asked, connections
+    return learned, asked, connections, state.probe.failures
 
 
 def test_a_backend_that_says_no_slot_count_is_asked_less_and_less() -> None:
     # Asked every round, a hostile backend's two answers were read (up to 4 MiB each) and
     # scanned every `scrape.interval_s`, for as long as it said no slot count.
-    learned, asked, _ = asyncio.run(_rounds([MEMBERS], 40))
+    learned, asked, _, _ = asyncio.run(_rounds([MEMBERS], 40))
     props = asked.count(b"/props")
     assert learned == [None] * 40
     assert 4 <= props <= 8, f"/props asked {props} times in 40 rounds"  # 1+2+4+8+16 rounds
@@ -232,7 +237,7 @@ def test_a_slot_count_said_later_is_still_learned() -> None:
     # within the longest wait, and never asked for again.
     props = b'{"total_slots":4}'
     answers = [b"{}"] * 10 + [props]
-    learned, asked, _ = asyncio.run(_rounds(answers, 10 + 2 * MAX_SLOT_BACKOFF_ROUNDS))
+    learned, asked, _, _ = asyncio.run(_rounds(answers, 10 + 2 * MAX_SLOT_BACKOFF_ROUNDS))
     assert learned[:10] == [None] * 10
     assert learned[-1] == 4
     first = learned.index(4)
@@ -243,6 +248,17 @@ def test_a_slot_count_said_later_is_still_learned() -> None:
 def test_an_answer_past_the_bound_is_not_read_on() -> None:
     # 4 MiB announced: the connection is dropped at its head, not read to its end and
     # kept for the next request (a scrape after it dials again).
-    learned, _, connections = asyncio.run(_rounds([MEMBERS], 1))
+    learned, _, connections, _ = asyncio.run(_rounds([MEMBERS], 1))
     assert learned == [None]
     assert connections == 2
+
+
+def test_a_health_answer_past_its_bound_is_not_read_on() -> None:
+    # A `/health` answer is its status: its body (none from vLLM and SGLang, 15 bytes from
+    # llama-server) was read up to the scrape's 4 MiB each round and thrown away. Past
+    # 64 KiB its connection is dropped at its head, and the probe counts as failed.
+    props = [b'{"total_slots":4}']
+    learned, _, connections, failures = asyncio.run(_rounds(props, 1, b"x" * MIB))
+    assert (learned, connections, failures) == ([4], 2, 1)
+    learned, _, connections, failures = asyncio.run(_rounds(props, 1, b'{"status":"ok"}'))
+    assert (learned, connections, failures) == ([4], 1, 0)
