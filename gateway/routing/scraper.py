@@ -15,6 +15,11 @@ the half-open probe that closes it (gateway/routing/breaker.py).
 A llama.cpp backend without `capacity.max_concurrency` has its slot count learned from
 `/props` (`total_slots`, llama-server's `--parallel`), or failing that from the length
 of `/slots`; it is learned again after the backend was unhealthy (a restart may change it).
+Until one is learned both are asked, so an answer longer, or with more arrays and objects,
+than a slot list has (`MAX_SLOTS_BYTES`, `MAX_SLOT_CONTAINERS`) is neither read on nor
+parsed (building millions of empty lists held the event loop 0.3 s a document), and after
+a round that learned none they are asked again after 1, 2, 4 ... rounds, at most
+`MAX_SLOT_BACKOFF_ROUNDS` (a round after the backend was unhealthy asks at once).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from gateway.routing.health import Verdict
 from gateway.routing.prometheus import parse_metrics
 from gateway.routing.registry import BackendState
 from gateway.routing.signals import (
+    MAX_LEARNED_SLOTS,
     BackendKind,
     BackendLoad,
     load_from_metrics,
@@ -42,13 +48,38 @@ from gateway.routing.signals import (
 )
 from gateway.upstream.http import HttpPool, UpstreamError
 
-__all__ = ["MAX_KEPT_BYTES", "MAX_SCRAPE_BYTES", "MetricsScraper", "Reading", "filter_exposition"]
+__all__ = [
+    "MAX_HEALTH_BYTES",
+    "MAX_KEPT_BYTES",
+    "MAX_KEPT_LINES",
+    "MAX_SCRAPE_BYTES",
+    "MAX_SLOTS_BYTES",
+    "MAX_SLOT_BACKOFF_ROUNDS",
+    "MAX_SLOT_CONTAINERS",
+    "MetricsScraper",
+    "Reading",
+    "filter_exposition",
+]
 
 SCRAPED_KINDS: frozenset[str] = frozenset({"vllm", "llamacpp", "sglang"})
 # What a scrape may be: vLLM's whole /metrics is tens of KiB, the lines read a few per
 # engine or scheduler (SGLang with every TP rank of 64 schedulers: ~35 KiB).
-MAX_SCRAPE_BYTES = 4 * 1024 * 1024  # a /metrics, /health, /props or /slots answer
+MAX_SCRAPE_BYTES = 4 * 1024 * 1024  # a /metrics answer (the pool's; others less, below)
 MAX_KEPT_BYTES = 256 * 1024  # the sample lines of the metrics read
+# and how many: each is parsed in Python (12 us), 9,000 short ones were 40 ms a round
+MAX_KEPT_LINES = 1024  # 64 engines or schedulers x 4 metrics: 256
+# What of a `/props` or `/slots` answer is parsed at all: its bytes, and the arrays and
+# objects it opens (brackets in its strings counted too). llama-server's `/props` is a few
+# KiB, a slot of its `/slots` 1.3 KiB and a dozen arrays and objects (some 400 slots fit:
+# `/slots` is read only where `/props` has no `total_slots`). Parsed as they came, 4 MiB
+# of `[],[],...` were 1.4 million lists, 120 MB and 0.3 s of the event loop (of
+# `{"0":0,"1":0,...}`, 0.15 s), each round until a count was learned
+# (tests/integration/test_scrape_answer_bound.py); within both bounds ~20 ms at most (one
+# object of 45,000 members), and asked again after 1, 2, 4 ... 32 rounds.
+MAX_SLOTS_BYTES = 512 * 1024
+MAX_SLOT_CONTAINERS = 64 * MAX_LEARNED_SLOTS
+MAX_SLOT_BACKOFF_ROUNDS = 32  # 16 s at the default `scrape.interval_s`
+MAX_HEALTH_BYTES = 64 * 1024  # a `/health` answer is its status; llama-server's body: 15 B
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +111,8 @@ class _Target:
         self.props_path = prefix + b"/props"
         self.slots_path = prefix + b"/slots"
         self.learns_slots = backend.kind == "llamacpp" and not backend.capacity.max_concurrency
+        self.slot_rounds_left = 0  # rounds until slots are asked for again
+        self.slot_backoff = 1  # the rounds passed after the next round that learns none
 
 
 class MetricsScraper:
@@ -165,11 +198,7 @@ class MetricsScraper:
                     target, "/health: no answer within scrape.timeout_s", refused=False
                 )
             if target.learns_slots and target.state.learned_slots is None:
-                try:
-                    async with asyncio.timeout(timeout):
-                        await self._learn_slots(target)
-                except TimeoutError:
-                    pass  # tried again next round
+                await self._learn_slots_bounded(target)
             try:
                 async with asyncio.timeout(timeout):
                     await self._scrape(target)
@@ -210,7 +239,7 @@ class MetricsScraper:
         loading its model answers 503) gets no requests until it does."""
         try:
             response = await target.pool.request(b"GET", target.health_path, target.headers, b"")
-            await response.read()
+            await response.read(MAX_HEALTH_BYTES)
         except UpstreamError as exc:
             if exc.kind == "exhausted":  # the gateway's own descriptors, no word on the backend
                 return  # (the scrape after it meets the same and says so)
@@ -266,17 +295,34 @@ class MetricsScraper:
         state.unhealthy_until = 0.0
         state.health_error = None
 
+    async def _learn_slots_bounded(self, target: _Target) -> None:
+        if target.slot_rounds_left > 0:
+            target.slot_rounds_left -= 1
+            return
+        try:
+            async with asyncio.timeout(self._settings.timeout_s):
+                await self._learn_slots(target)
+        except TimeoutError:
+            pass
+        if target.state.learned_slots is None:  # asked again after 1, 2, 4 ... rounds
+            target.slot_rounds_left = target.slot_backoff
+            target.slot_backoff = min(2 * target.slot_backoff, MAX_SLOT_BACKOFF_ROUNDS)
+
     async def _learn_slots(self, target: _Target) -> None:
         """llama.cpp's slot count: `/props` `total_slots`, else the length of `/slots`."""
         slots = None
         for path in (target.props_path, target.slots_path):
             try:
                 response = await target.pool.request(b"GET", path, target.headers, b"")
-                body = await response.read()
-            except UpstreamError:
+                body = await response.read(MAX_SLOTS_BYTES)  # not parsed past it: not read
+            except UpstreamError as exc:
+                if exc.kind == "too_large":
+                    continue  # its connection dropped, read no further
                 return
             if response.status != 200:
                 continue
+            if body.count(b"[") + body.count(b"{") > MAX_SLOT_CONTAINERS:
+                continue  # no slot count: not parsed
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError:
@@ -303,6 +349,7 @@ class MetricsScraper:
         state.breaker.probe_failed(now, reason)
         if target.learns_slots:
             state.learned_slots = None  # a restarted server may run another --parallel
+            target.slot_rounds_left, target.slot_backoff = 0, 1  # asked at once
 
     def _record_failure(self, target: _Target, reason: str) -> None:
         if self._failures.get(target.id) != reason:
@@ -312,7 +359,7 @@ class MetricsScraper:
 
 def filter_exposition(body: bytes, names: frozenset[str], limit: int = MAX_KEPT_BYTES) -> str:
     """Keep only the sample lines of the wanted metrics (comments and others dropped), in
-    their order; `ValueError` when they take more than `limit` bytes.
+    their order; `ValueError` when they take more than `limit` bytes or `MAX_KEPT_LINES`.
 
     The body is searched for each name at a line start, not split into lines: a scrape
     costs a few scans of it at C speed, and only the lines kept (a few per engine or
@@ -323,17 +370,21 @@ def filter_exposition(body: bytes, names: frozenset[str], limit: int = MAX_KEPT_
     size = 0
     text = b"\n" + body
     for name in names:
-        needle = b"\n" + name.encode()
-        after = len(needle)
-        pos = text.find(needle)
-        while pos >= 0:
-            end = text.find(b"\n", pos + after)
-            line = text[pos + 1 : end if end >= 0 else len(text)]
-            if line[after - 1 : after] in (b"{", b" "):
+        # The name and the byte after it (labels, or the value) are searched for at once:
+        # a line the name only begins (`name_total 1`, `nameX`) is passed over at C speed,
+        # so the lines looked at in Python are those kept, within `limit`. Searched for as
+        # a name alone, 4 MiB of such near misses were looked at one by one (0.1 s).
+        for needle in (b"\n" + name.encode() + b"{", b"\n" + name.encode() + b" "):
+            pos = text.find(needle)
+            while pos >= 0:
+                end = text.find(b"\n", pos + len(needle))
+                line = text[pos + 1 : end if end >= 0 else len(text)]
                 size += len(line) + 1
                 if size > limit:
                     raise ValueError(f"the metrics read take more than {limit} bytes")
                 found.append((pos, line))
-            pos = -1 if end < 0 else text.find(needle, end)
+                if len(found) > MAX_KEPT_LINES:
+                    raise ValueError(f"the metrics read take more than {MAX_KEPT_LINES} lines")
+                pos = -1 if end < 0 else text.find(needle, end)
     found.sort()
     return b"".join(line + b"\n" for _, line in found).decode("utf-8")

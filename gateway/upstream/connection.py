@@ -1,8 +1,8 @@
 """One keep-alive HTTP/1.1 connection to a backend, as `HttpPool` (gateway/upstream/http.py)
 holds it: the asyncio protocol that parses responses with `httptools` and feeds the
 current `UpstreamResponse`, within the bounds http.py's docstring describes (the head at
-`MAX_HEAD` bytes and so the bytes between two body bytes, bytes after a response's end
-drop the connection), and who its TLS
+`MAX_HEAD` bytes and so the bytes between two body bytes, the chunks of a read at
+`CHUNK_BYTES`, bytes after a response's end drop the connection), and who its TLS
 handshake authenticated (`peer`) under which settings (`tls`); and `Connection`, one
 that `HttpPool.connect()` handed out and no request has used yet.
 """
@@ -25,12 +25,19 @@ from gateway.upstream.tls import Peer
 if TYPE_CHECKING:
     from gateway.upstream.http import HttpPool
 
-__all__ = ["MAX_HEAD", "Connection", "ssl_reason"]
+__all__ = ["CHUNK_BYTES", "FREE_CHUNKS", "MAX_HEAD", "Connection", "ssl_reason"]
 
 # A response's status line and headers (with any 1xx before it): inference servers send
 # well under 2 KiB, a countersignature header is under 6 KiB.
 MAX_HEAD = 64 * 1024
 _NO_BODY = (204, 304)
+# Chunks that share a read with another (the first of each read is free: a stream's events
+# come one a read, and a body with a length is one "chunk" a read): one for each
+# `CHUNK_BYTES` body bytes, past the first `FREE_CHUNKS`. Each chunk is a call into Python;
+# 4 MiB in 1-byte chunks were 4 million of them, 0.19 s of the event loop where the same
+# body in large chunks costs 8 ms (a `/metrics` scrape's every round; any answer).
+CHUNK_BYTES = 8
+FREE_CHUNKS = 65_536
 # The codings an answer may be in: the pool asks for identity (`HttpPool._head`) and
 # sends no `TE`, so chunked is the only transfer coding a backend may use.
 _CODINGS = {b"content-encoding": b"identity", b"transfer-encoding": b"chunked"}
@@ -71,6 +78,8 @@ class _Connection(asyncio.Protocol):
         # bytes of the current response read since its last body byte (its head at first,
         # then chunk framing and trailers): at most `MAX_HEAD` in a row
         self.quiet_bytes = 0
+        self.extra_chunks = 0  # of the current response: chunks after the first of a read
+        self.body_bytes = 0  # of the current response
         self._poller: select.poll | None = None  # `unread()`'s, made at its first call
         self._idle_from: int | None = None  # what its socket had received as it went idle
         self._answered = False  # a response ended on it
@@ -102,7 +111,9 @@ class _Connection(asyncio.Protocol):
                 del body[self._ended_at :]
                 self._ended_at = -1
             if body:
+                self.extra_chunks += len(body) - 1
                 piece = body[0] if len(body) == 1 else b"".join(body)
+                self.body_bytes += len(piece)
                 body.clear()
                 response._push(piece)
         self._ended_at = -1
@@ -117,6 +128,17 @@ class _Connection(asyncio.Protocol):
             )
             response._fail(
                 UpstreamError("protocol", f"{what} {MAX_HEAD} bytes without a body byte")
+            )
+            self.abort()
+        elif (
+            self.extra_chunks > self.body_bytes // CHUNK_BYTES + FREE_CHUNKS
+            and not response.complete
+        ):
+            response._fail(
+                UpstreamError(
+                    "protocol",
+                    f"chunk framing: more than one chunk for each {CHUNK_BYTES} body bytes",
+                )
             )
             self.abort()
 
@@ -206,6 +228,7 @@ class _Connection(asyncio.Protocol):
                 self.abort()
                 return
         response.status = status
+        self.extra_chunks = self.body_bytes = 0
         self.close_delimited = not has_length and status not in _NO_BODY
         response._wake()
 

@@ -218,3 +218,49 @@ def test_interim_answers_without_end_are_bounded_as_the_head_is(interim: bytes) 
     # read timeout fires): they count towards `MAX_HEAD` together, as the final head does.
     piece = interim * (64 * 1024 // len(interim))
     endless_head_refused(b"", piece, "response headers larger than")
+
+
+def _in_chunks(event: bytes, count: int) -> Handler:
+    """A chunked answer of `count` chunks of `event` each, written in 16 writes."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(_CHUNKED_HEAD)
+        chunk = b"%x\r\n%s\r\n" % (len(event), event)
+        for _ in range(16):
+            writer.write(chunk * (count // 16))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    return handler
+
+
+def test_a_body_of_one_byte_chunks_is_refused_past_the_free_chunks() -> None:
+    # 1 MiB in 1-byte chunks: a million calls into Python to take it in (4 MiB of them,
+    # a scrape's limit, held the event loop 0.19 s; in large chunks, 8 ms). Refused once
+    # the chunks sharing a read pass one for each CHUNK_BYTES body bytes, FREE_CHUNKS on.
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        with pytest.raises(UpstreamError) as info:
+            await response.read()
+        assert info.value.kind == "protocol"
+        assert info.value.detail == "chunk framing: more than one chunk for each 8 body bytes"
+        assert pool.open_connections == 0
+
+    handler = _in_chunks(b"x", 1024 * 1024)
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
+
+
+def test_small_events_of_a_stream_are_read_whole() -> None:
+    # The smallest event a server streams (`data: [DONE]`), 200,000 of them, in reads of
+    # many: within the bound (and the first FREE_CHUNKS of any size).
+    event = b"data: [DONE]\n\n"
+    count = 200_000 - 200_000 % 16
+
+    async def body(pool: HttpPool) -> None:
+        response = await pool.request(b"POST", b"/", [], b"{}")
+        assert await response.read() == event * count
+
+    handler = _in_chunks(event, count)
+    asyncio.run(with_backend(handler, body, first_byte_timeout=600.0, read_timeout=600.0))
