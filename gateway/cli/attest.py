@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ipaddress
 import math
 import os
 import ssl
@@ -101,6 +102,14 @@ def register(subparsers: Any) -> None:
         "(repeat for several; env OWNGATE_ATTEST_CLIENT_PIN, comma-separated): only the "
         "gateway's certificate, not any other of the CA",
     )
+    add(
+        "--allow-any-client",
+        action="store_true",
+        default=_env("ALLOW_ANY_CLIENT", "") in ("1", "true", "yes"),
+        help="listen on an address that is not loopback without --client-ca: whoever "
+        "reaches it gets countersignatures, each one traffic that bypassed the gateway to "
+        "the audit (env OWNGATE_ATTEST_ALLOW_ANY_CLIENT=1); without it that is refused",
+    )
     add_logging_flags(parser, "OWNGATE_ATTEST_")
     parser.set_defaults(handler=run)
 
@@ -124,8 +133,19 @@ def _pins(args: argparse.Namespace) -> frozenset[str] | None:
     return pins
 
 
+def _loopback(host: str) -> bool:
+    """Whether `host` is a loopback address (or `localhost`): only this host reaches it."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from gateway.attest import AttestSettings, listener_context, serve
+    from gateway.provenance.audit.shown import shown
     from gateway.serving import bind_socket
 
     missing = [f"--{n}" for n in ("backend", "key", "log") if not getattr(args, n)]
@@ -147,6 +167,15 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
         print(
             "owngate attest: --tls-cert and --tls-key go together, and --client-ca needs them",
+            file=sys.stderr,
+        )
+        return 2
+    if not (args.client_ca or args.allow_any_client or _loopback(host.strip("[]"))):
+        print(
+            f"owngate attest: --listen {shown(host)} is not a loopback address: without "
+            "--client-ca (mutual TLS) anyone who reaches it gets countersignatures, which "
+            "the audit reports as traffic that bypassed the gateway; give --client-ca, or "
+            "--allow-any-client to serve any client on purpose",
             file=sys.stderr,
         )
         return 2
