@@ -31,7 +31,7 @@ REQUESTS = {"constructor": 2, "toString": 3, "valueOf": 4, "hasOwnProperty": 5, 
 
 
 def _row(requests: int) -> tuple[Any, ...]:
-    values = {name: None for name in BACKEND_FIELDS}
+    values: dict[str, Any] = dict.fromkeys(BACKEND_FIELDS)
     values.update(inflight=0, breaker="closed", requests=requests, errors=0)
     return tuple(values[name] for name in BACKEND_FIELDS)
 
