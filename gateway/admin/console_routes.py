@@ -8,7 +8,8 @@ names in `ASSETS` is served, looked up in a dict before any file is opened, so n
 Content-Security-Policy allowing this origin's scripts and styles only (no inline
 script or style, no other origin: the console works offline and a hostile string that
 reached the DOM as markup could still run nothing), and is kept out of frames, caches
-and referrers. The routes are left out of the OpenAPI schema: they are not API.
+and referrers, and out of reach of a page of another origin that opened it in a tab
+(`Cross-Origin-Opener-Policy`). The routes are left out of the OpenAPI schema: they are not API.
 
 `GET /docs`, where a FastAPI app keeps its interactive docs, redirects to the console's
 API page (apidocs.js, drawn from `/openapi.json`): FastAPI's own Swagger UI would load
@@ -53,6 +54,9 @@ SECURITY_HEADERS: Final = {
     "X-Frame-Options": "DENY",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
+    # A page of another origin that opened the console (`window.open`) keeps no handle
+    # on its tab, which it could otherwise navigate to a look-alike login at any time.
+    "Cross-Origin-Opener-Policy": "same-origin",
 }
 
 router = APIRouter(prefix="/console", include_in_schema=False)

@@ -12,7 +12,9 @@ checkpoint, the HTML audit report, an error object) gets what it lacks of `API_H
   console, whose admin token is in this origin's sessionStorage;
 - `Cache-Control: no-store` unless the route set one (a full tile is `immutable`): an
   answer can hold a new tenant key (`POST /admin/v1/keys`) or the log's records;
-- no framing (`X-Frame-Options: DENY`) and no referrer.
+- no framing (`X-Frame-Options: DENY`) and no referrer;
+- `Cross-Origin-Opener-Policy: same-origin`: a page of another origin that opened an
+  answer in a tab (`window.open`) keeps no handle on that tab.
 
 Headers the route set are kept; only missing ones are added.
 
@@ -43,6 +45,7 @@ API_HEADERS: Final = (
     (b"cache-control", b"no-store"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
 )
 
 

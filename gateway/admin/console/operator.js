@@ -14,8 +14,11 @@ function scores(backend) {
     .join("\n") : "-";
 }
 
+// Requests per backend id over the timeline's window. The totals have no prototype: a
+// backend may be named `constructor` or `toString` (valid ids), and on a plain object
+// `totals[id]` was the inherited function (shown as its source text) until a count was set.
 function requestTotals(timeline) {
-  const totals = {};
+  const totals = Object.create(null);
   for (const sample of timeline ? timeline.samples : []) {
     for (const [id, b] of Object.entries(sample.backends || {})) {
       totals[id] = (totals[id] || 0) + (b.requests || 0);
