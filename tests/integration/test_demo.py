@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,20 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.helpers.doc_recipes import provenance_recipes
+from tests.helpers.dropped_sockets import dropped_sockets
 from tests.helpers.provenance import run_audit
 from tests.helpers.waiting import until
 
 PRIVATE = ("gpu-vllm", "cpu-llamacpp")
+
+
+@pytest.fixture(autouse=True)
+def _no_socket_dropped_open() -> Iterator[None]:
+    """Each test closes the clients it opened: one left open in a cycle (an SDK client)
+    was found by a later test's garbage collection, which failed in its stead."""
+    with dropped_sockets() as dropped:
+        yield
+    assert not dropped, f"sockets left open: {dropped}"
 
 
 def _demo_in(cwd: Path) -> subprocess.Popen[str]:
@@ -81,29 +92,31 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert url and key and eu_key, banner
         assert "curl -s" in banner and "from openai import OpenAI" in banner
         receipts: list[bytes] = []  # every receipt the demo handed out
-        client = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=key[1], max_retries=0)
         hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello!"}]
-        for _ in range(3):  # the router may pick either private backend
-            raw = client.chat.completions.with_raw_response.create(
-                model="llama-3.1-8b", messages=hello
+        # Closed as the block ends: an SDK client is a reference cycle, so one left open
+        # kept its keep-alive socket until a later garbage collection, which found it
+        # unclosed (a ResourceWarning in whichever test that was, or at session end).
+        with openai.OpenAI(base_url=f"{url[1]}/v1", api_key=key[1], max_retries=0) as client:
+            for _ in range(3):  # the router may pick either private backend
+                raw = client.chat.completions.with_raw_response.create(
+                    model="llama-3.1-8b", messages=hello
+                )
+                assert raw.parse().choices[0].message.content
+                receipts.append(base64.b64decode(raw.headers["x-owngate-receipt"]))
+            assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "gpt-4o-mini"}
+            # Hosted only, and the demo tenant's policy allows it: served through LiteLLM.
+            hosted = client.chat.completions.with_raw_response.create(
+                model="gpt-4o-mini", messages=hello
             )
-            assert raw.parse().choices[0].message.content
-            receipts.append(base64.b64decode(raw.headers["x-owngate-receipt"]))
-        assert {m.id for m in client.models.list()} >= {"llama-3.1-8b", "gpt-4o-mini"}
-        # Hosted only, and the demo tenant's policy allows it: served through LiteLLM.
-        hosted = client.chat.completions.with_raw_response.create(
-            model="gpt-4o-mini", messages=hello
-        )
-        assert hosted.parse().choices[0].message.content
-        receipts.append(base64.b64decode(hosted.headers["x-owngate-receipt"]))
-        eu = openai.OpenAI(base_url=f"{url[1]}/v1", api_key=eu_key[1], max_retries=0)
-        assert "gpt-4o-mini" not in {m.id for m in eu.models.list()}
-        # Not among demo-eu's models: the 404 of one that does not exist (its refusal
-        # record names the rule, docs/security.md "Routing internals are not public").
-        with pytest.raises(openai.NotFoundError, match="does not exist") as no:
-            eu.chat.completions.create(model="gpt-4o-mini", messages=hello)
-        receipts.append(base64.b64decode(no.value.response.headers["x-owngate-receipt"]))
-        eu.close()
+            assert hosted.parse().choices[0].message.content
+            receipts.append(base64.b64decode(hosted.headers["x-owngate-receipt"]))
+        with openai.OpenAI(base_url=f"{url[1]}/v1", api_key=eu_key[1], max_retries=0) as eu:
+            assert "gpt-4o-mini" not in {m.id for m in eu.models.list()}
+            # Not among demo-eu's models: the 404 of one that does not exist (its refusal
+            # record names the rule, docs/security.md "Routing internals are not public").
+            with pytest.raises(openai.NotFoundError, match="does not exist") as no:
+                eu.chat.completions.create(model="gpt-4o-mini", messages=hello)
+            receipts.append(base64.b64decode(no.value.response.headers["x-owngate-receipt"]))
         receipts.append(base64.b64decode(reply_headers(url[1], key[1])["x-owngate-receipt"]))
         receipts.append(streamed_receipt(url[1], key[1]))
         # The private answers' receipts, as handed out and as fetched again later.
