@@ -112,6 +112,29 @@ def test_a_large_schema_without_references_is_not_counted() -> None:
     check_schema_refs({"tools": [tool(wide)]})
 
 
+def test_the_siblings_of_a_reference_inside_a_copy_are_counted() -> None:
+    # LiteLLM copies a definition whole, a `$ref`'s siblings with it, before it replaces
+    # the reference: 10,000 values beside one, in a definition referred to 1,000 times,
+    # held its CPU 2 s (a 61 KB body); counted, they are past the bound.
+    pad: dict[str, Any] = {"$ref": "#/$defs/leaf", "pad": [0] * 10_000}
+    schema = {
+        "type": "object",
+        "$defs": {
+            "padded": {"type": "object", "properties": {"x": pad}},
+            "leaf": {"type": "string"},
+        },
+        "properties": {f"p{i}": {"$ref": "#/$defs/padded"} for i in range(1_000)},
+    }
+    with pytest.raises(InvalidField):
+        check_schema_refs({"tools": [tool(schema)]})
+    # Beside a reference outside any copy nothing is copied: not counted.
+    outside = {"type": "object", "$defs": {"leaf": {"type": "string"}}, "properties": {"x": pad}}
+    check_schema_refs({"tools": [tool(outside)]})
+    # A handful of such references: within the bound.
+    schema["properties"] = {f"p{i}": {"$ref": "#/$defs/padded"} for i in range(4)}
+    check_schema_refs({"tools": [tool(schema)]})
+
+
 def calls_and_results(calls: int, results: int) -> list[dict[str, Any]]:
     """A user turn, an assistant turn of `calls` tool calls, then `results` tool results."""
     assistant = {
