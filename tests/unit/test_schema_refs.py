@@ -158,3 +158,40 @@ def test_tool_results_times_the_calls_they_are_searched_among_are_bounded() -> N
     assert refused.value.param == "messages"
     results = MAX_TOOL_LOOKUPS // 1024  # at the bound: within it
     request_params("chat", {"model": "m", "messages": calls_and_results(1024, results)})
+
+
+def distinct_calls(first: int, count: int) -> list[dict[str, Any]]:
+    """`count` tool calls, each of its own name (LiteLLM's Gemini adapter drops a call
+    equal to one before it, compared with every part of the turn before it)."""
+    return [
+        {"id": f"c{i}", "type": "function", "function": {"name": f"f{i}", "arguments": "{}"}}
+        for i in range(first, first + count)
+    ]
+
+
+def test_tool_calls_times_the_parts_of_their_run_of_assistant_messages_are_bounded() -> None:
+    # 1,025 calls in one message: each compared with those before it, past the bound.
+    one = {"role": "assistant", "content": None, "tool_calls": distinct_calls(0, 1025)}
+    with pytest.raises(InvalidField) as refused:
+        request_params("chat", {"model": "m", "messages": [*MESSAGES, one]})
+    assert refused.value.param == "messages"
+    assert "tool calls times the parts" in str(refused.value)
+    one["tool_calls"] = distinct_calls(0, 1024)  # at the bound: within it
+    request_params("chat", {"model": "m", "messages": [*MESSAGES, one]})
+    # A run of text-only assistant messages merged into the same turn counts too.
+    texts = [{"role": "assistant", "content": "t"} for _ in range(2_000)]
+    calls = {"role": "assistant", "content": None, "tool_calls": distinct_calls(0, 500)}
+    with pytest.raises(InvalidField):
+        request_params("chat", {"model": "m", "messages": [*MESSAGES, *texts, calls]})
+    # Broken by a user turn, the text is another turn's: only the calls' own count.
+    runs = [*MESSAGES, *texts, *MESSAGES, calls]
+    request_params("chat", {"model": "m", "messages": runs})
+    # Runs add up: two of 800 calls each are 1.28 million comparisons.
+    halves = [
+        {"role": "assistant", "content": None, "tool_calls": distinct_calls(k * 800, 800)}
+        for k in range(2)
+    ]
+    with pytest.raises(InvalidField):
+        request_params(
+            "chat", {"model": "m", "messages": [*MESSAGES, halves[0], *MESSAGES, halves[1]]}
+        )
