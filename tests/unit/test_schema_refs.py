@@ -112,6 +112,20 @@ def test_a_large_schema_without_references_is_not_counted() -> None:
     check_schema_refs({"tools": [tool(wide)]})
 
 
+def test_openapi_component_schemas_are_definitions_too() -> None:
+    # LiteLLM's Anthropic and Fireworks adapters inline `#/components/schemas/...` (within
+    # a 10 MB budget per tool: 14 doublings held its CPU 1 s a tool, none refused).
+    schema = doubling(14)
+    defs = schema.pop("$defs")
+    for definition in defs.values():
+        for ref in definition.get("properties", {}).values():
+            ref["$ref"] = ref["$ref"].replace("$defs", "components/schemas")
+    schema["properties"]["x"]["$ref"] = "#/components/schemas/d0"
+    schema["components"] = {"schemas": defs}
+    with pytest.raises(InvalidField):
+        check_schema_refs({"tools": [tool(schema)]})
+
+
 def test_the_siblings_of_a_reference_inside_a_copy_are_counted() -> None:
     # LiteLLM copies a definition whole, a `$ref`'s siblings with it, before it replaces
     # the reference: 10,000 values beside one, in a definition referred to 1,000 times,
