@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Final
 
+from gateway.upstream.assistant_runs import MAX_RUN_COMPARISONS, TOO_MANY_COMPARISONS, run_parts
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
@@ -74,17 +75,12 @@ _NAMES: Final = {str: "a string", dict: "an object", bool: "a boolean", list: "a
 # message's tool calls for its id, one by one: 32,000 calls and their results (4 MB) held
 # the gateway's CPU 80 s. Results times the calls they are searched among are bounded
 # (some 0.1 s of such searching); a conversation of a hundred calls and results is 10,000.
-# It compares each tool call with every part of the run of assistant messages before it
-# too: 8,000 calls of distinct names (700 KB) held it 9 s. Bounded the same (all runs).
+# Its comparisons of tool calls with the parts before them: assistant_runs.py.
 MAX_TOOL_LOOKUPS: Final = 1 << 20
 _RESULT_ROLES: Final = frozenset({"tool", "function"})
 _TOO_MANY_LOOKUPS: Final = (
     f"at most {MAX_TOOL_LOOKUPS} tool results times the tool calls of the assistant "
     "message before them (a provider's adapter searches those calls for each result)"
-)
-_TOO_MANY_CALLS: Final = (
-    f"at most {MAX_TOOL_LOOKUPS} tool calls times the parts of the run of assistant "
-    "messages they are in (a provider's adapter compares each call with the parts before it)"
 )
 
 
@@ -282,10 +278,10 @@ def _check_messages(messages: list[Any]) -> None:
     string or an array of content parts its role may send; null only for an assistant (or
     legacy function) message. An assistant's tool calls and a tool result's id, a legacy
     function result's name, as the API has them; tool results times the calls they are
-    looked up among, and tool calls times the parts of their run, each at most
-    `MAX_TOOL_LOOKUPS`."""
-    calls, lookups = 0, 0  # the latest assistant's tool calls; searches counted so far
-    run = compared = 0  # parts of the current run of assistant messages; calls times parts
+    looked up among at most `MAX_TOOL_LOOKUPS`, tool calls times the parts of their run at
+    most `MAX_RUN_COMPARISONS` (gateway/upstream/assistant_runs.py)."""
+    calls, lookups = 0, 0  # the latest assistant's tool calls; results times calls so far
+    run = compared = 0  # parts of the run of assistant messages; calls times parts
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -294,9 +290,9 @@ def _check_messages(messages: list[Any]) -> None:
         if not isinstance(role, str):
             raise InvalidField(f"{where}.role", "a string")
         _check_keys(where, message, name=str)
-        run, compared = _run_parts(message, run, compared) if role == "assistant" else (0, compared)
-        if compared > MAX_TOOL_LOOKUPS:
-            raise InvalidField("messages", _TOO_MANY_CALLS)
+        run, compared = run_parts(role, message, run, compared)
+        if compared > MAX_RUN_COMPARISONS:
+            raise InvalidField("messages", TOO_MANY_COMPARISONS)
         if role in _RESULT_ROLES:
             lookups += calls
             if lookups > MAX_TOOL_LOOKUPS:
@@ -330,18 +326,6 @@ def _check_messages(messages: list[Any]) -> None:
                     f"a content part object with a `type` {sender} may send",
                 )
             _check_part(f"{where}.content[{j}]", kind, part)
-
-
-def _run_parts(message: dict[str, Any], run: int, compared: int) -> tuple[int, int]:
-    """The parts of an assistant message's run once it is in, and the comparisons counted
-    once its calls were compared with every part before them (generously: all of its own)."""
-    content, images = message.get("content"), message.get("images")
-    parts = len(content) if isinstance(content, list) else int(content is not None)
-    parts += (len(images) if isinstance(images, list) else 0) + ("reasoning_content" in message)
-    tool_calls = message.get("tool_calls")
-    made = len(tool_calls) if isinstance(tool_calls, list) and tool_calls else 0
-    made = made or message.get("function_call") is not None
-    return run + parts + made, compared + made * (run + parts + made)
 
 
 def _check_part(where: str, kind: str, part: dict[str, Any]) -> None:

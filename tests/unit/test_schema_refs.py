@@ -200,6 +200,19 @@ def test_tool_calls_times_the_parts_of_their_run_of_assistant_messages_are_bound
     # Broken by a user turn, the text is another turn's: only the calls' own count.
     runs = [*MESSAGES, *texts, *MESSAGES, calls]
     request_params("chat", {"model": "m", "messages": runs})
+    # The adapter takes system messages out first: they end no run (1,500 messages of one
+    # call each, each after a system or developer one, are one run: 1.1 million).
+    for between in ("system", "developer"):
+        split = [
+            item
+            for i in range(1_500)
+            for item in (
+                {"role": "assistant", "content": None, "tool_calls": distinct_calls(i, 1)},
+                {"role": between, "content": "s"},
+            )
+        ]
+        with pytest.raises(InvalidField):
+            request_params("chat", {"model": "m", "messages": [*MESSAGES, *split]})
     # Runs add up: two of 800 calls each are 1.28 million comparisons.
     halves = [
         {"role": "assistant", "content": None, "tool_calls": distinct_calls(k * 800, 800)}
