@@ -21,9 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Final
 
+from gateway.upstream.assistant_runs import MAX_RUN_COMPARISONS, TOO_MANY_COMPARISONS, run_parts
 from gateway.upstream.openai_wire import Endpoint
 
 __all__ = [
+    "MAX_SYSTEM_MOVES",
     "MAX_TOOL_LOOKUPS",
     "USER_CONTENT_TYPES",
     "InvalidField",
@@ -74,11 +76,21 @@ _NAMES: Final = {str: "a string", dict: "an object", bool: "a boolean", list: "a
 # message's tool calls for its id, one by one: 32,000 calls and their results (4 MB) held
 # the gateway's CPU 80 s. Results times the calls they are searched among are bounded
 # (some 0.1 s of such searching); a conversation of a hundred calls and results is 10,000.
+# Its comparisons of tool calls with the parts before them: assistant_runs.py.
 MAX_TOOL_LOOKUPS: Final = 1 << 20
 _RESULT_ROLES: Final = frozenset({"tool", "function"})
 _TOO_MANY_LOOKUPS: Final = (
     f"at most {MAX_TOOL_LOOKUPS} tool results times the tool calls of the assistant "
     "message before them (a provider's adapter searches those calls for each result)"
+)
+# It takes the system messages out one by one, each moving every message after it: 130,000
+# between as many others (9 MB) held the CPU 0.9 s, 4 times that at twice the body. The
+# messages times the system (or developer) ones before them are bounded (some 0.05 s).
+MAX_SYSTEM_MOVES: Final = 1 << 28
+_SYSTEM_ROLES: Final = frozenset({"system", "developer"})
+_TOO_MANY_MOVES: Final = (
+    f"at most {MAX_SYSTEM_MOVES} messages times the system messages before them (a "
+    "provider's adapter moves each message after a system one as it takes that out)"
 )
 
 
@@ -276,8 +288,12 @@ def _check_messages(messages: list[Any]) -> None:
     string or an array of content parts its role may send; null only for an assistant (or
     legacy function) message. An assistant's tool calls and a tool result's id, a legacy
     function result's name, as the API has them; tool results times the calls they are
-    looked up among at most `MAX_TOOL_LOOKUPS`."""
+    looked up among at most `MAX_TOOL_LOOKUPS`, tool calls times the parts of their run at
+    most `MAX_RUN_COMPARISONS` (gateway/upstream/assistant_runs.py), messages times the
+    system messages before them at most `MAX_SYSTEM_MOVES`."""
     calls, lookups = 0, 0  # the latest assistant's tool calls; results times calls so far
+    run = compared = 0  # parts of the run of assistant messages; calls times parts
+    systems = moves = 0  # system messages so far; messages times the system ones before
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -286,6 +302,13 @@ def _check_messages(messages: list[Any]) -> None:
         if not isinstance(role, str):
             raise InvalidField(f"{where}.role", "a string")
         _check_keys(where, message, name=str)
+        run, compared = run_parts(role, message, run, compared)
+        if compared > MAX_RUN_COMPARISONS:
+            raise InvalidField("messages", TOO_MANY_COMPARISONS)
+        if role in _SYSTEM_ROLES:
+            systems += 1
+        elif (moves := moves + systems) > MAX_SYSTEM_MOVES:
+            raise InvalidField("messages", _TOO_MANY_MOVES)
         if role in _RESULT_ROLES:
             lookups += calls
             if lookups > MAX_TOOL_LOOKUPS:

@@ -13,9 +13,11 @@ instead of copying, and refuses the request (`InvalidField`, 400, not sent) once
 past `MAX_INLINED` values, or once references nest past `MAX_REF_DEPTH`. It reads every
 `tools`, `functions` and `response_format` object, for every provider (a schema a
 provider's adapter inlines today may reach another's tomorrow), and counts generously: a
-reference to a name defined in several places (`$defs` or `definitions` at any depth)
-counts every one of them. A definition that refers back to one being inlined is left as a
-reference, as LiteLLM leaves it.
+reference to a name defined in several places (`$defs`, `definitions` or OpenAPI's
+`components.schemas`, at any depth) counts every one of them, and inside a copy the
+siblings of a `$ref` count too (copied with the definition that holds them, then
+dropped). A definition that refers back to one being inlined is left as a reference, as
+LiteLLM leaves it.
 """
 
 from __future__ import annotations
@@ -54,34 +56,44 @@ def check_schema_refs(params: Mapping[str, Any]) -> None:
 def _within_bounds(value: Any) -> bool:
     definitions: dict[str, list[Any]] = {}
     for node in _nodes(value):
-        for key in _DEFINITIONS:
-            found = node.get(key)
+        components = node.get("components")
+        places = [node.get(key) for key in _DEFINITIONS]
+        if isinstance(components, dict):  # OpenAPI's: inlined for Anthropic and Fireworks
+            places.append(components.get("schemas"))
+        for found in places:
             if isinstance(found, dict):
                 for name, target in found.items():
                     definitions.setdefault(name, []).append(target)
     if not definitions:
         return True  # nothing to inline: the walk would only count what the body holds
     inlined = 0
-    stack: list[tuple[Any, tuple[str, ...]]] = [(value, ())]
+    # (value, the references whose copies hold it, whether its `$ref`s are followed)
+    stack: list[tuple[Any, tuple[str, ...], bool]] = [(value, (), True)]
     while stack:
-        node, chain = stack.pop()
+        node, chain, follow = stack.pop()
         if chain:
             inlined += 1
             if inlined > MAX_INLINED:
                 return False
         if isinstance(node, dict):
             ref = node.get("$ref")
-            if isinstance(ref, str):  # replaced by its target's copy, siblings and all
+            if follow and isinstance(ref, str):  # replaced by its target's copy
+                if chain:
+                    # Inside a copy its siblings were copied too (a definition is copied
+                    # whole, then its references replaced): counted, never followed.
+                    # Uncounted, 10,000 values beside a reference in a definition
+                    # referred to 1,000 times (a 61 KB body) held LiteLLM's CPU 2 s.
+                    stack.extend((v, chain, False) for k, v in node.items() if k != "$ref")
                 name = ref.rsplit("/", 1)[-1]
                 if name in chain:
                     continue  # a cycle: LiteLLM leaves the reference as it is
                 if len(chain) >= MAX_REF_DEPTH and name in definitions:
                     return False
-                stack.extend((target, (*chain, name)) for target in definitions.get(name, ()))
+                stack.extend((target, (*chain, name), True) for target in definitions.get(name, ()))
                 continue
-            stack.extend((item, chain) for item in node.values())
+            stack.extend((item, chain, follow) for item in node.values())
         elif isinstance(node, list):
-            stack.extend((item, chain) for item in node)
+            stack.extend((item, chain, follow) for item in node)
     return True
 
 

@@ -121,3 +121,24 @@ def test_tool_results_searched_among_too_many_calls_are_refused_unsent(
         "messages"
     )
     assert hits == []
+
+
+def test_tool_calls_compared_with_too_many_parts_are_refused_unsent(
+    provider: tuple[str, list[str]],
+) -> None:
+    url, hits = provider
+    # 4,000 calls of distinct names in one message: LiteLLM's Gemini adapter compares each
+    # with those before it, 8 million comparisons (some 2 s of its time, 9 s for twice as
+    # many); the body is 350 KB.
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": f"f{i}", "arguments": "{}"}}
+        for i in range(4000)
+    ]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+    ]
+    assert refused_unsent(gemini(url), {"model": "public", "messages": messages}).param == (
+        "messages"
+    )
+    assert hits == []
