@@ -4,6 +4,25 @@
 
 const TOKEN = "owngate.console.token";
 
+// Why this page must not send a token, or null. A page served over plain HTTP under a DNS
+// name can be a rebound name (DNS rebinding): an attacker's name that resolved to the admin
+// listener while the console loaded and resolves to the attacker's server by the next
+// call, which then carries the token. An IP address cannot be rebound, `localhost` is
+// loopback (`*.localhost` is in some browsers only: refused), and over HTTPS the name must
+// match the certificate of the server the browser reached (a reverse proxy's). The URL
+// parser has already made the host canonical: lower case, `127.1` and `0x7f.1` as
+// `127.0.0.1`, `localhost.` kept as it is (refused).
+export function unsafeOrigin(where = location) {
+  if (where.protocol === "https:") return null;
+  const host = where.hostname;
+  if (/^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.startsWith("[")) return null;
+  if (host === "localhost") return null;
+  return `This page was opened at ${host} over plain HTTP: a DNS name can be re-pointed ` +
+    "(DNS rebinding) and the token sent wherever it then leads. Open the console at the " +
+    "admin listener's IP address (http://127.0.0.1:PORT/console/), at localhost, or " +
+    "through an HTTPS reverse proxy.";
+}
+
 export function token() {
   return sessionStorage.getItem(TOKEN);
 }
@@ -27,6 +46,8 @@ export class ApiError extends Error {
 // One call with the token, `text` (JSON text, or undefined: no body) as its body: the
 // Response whatever its status. The API page's "try it" shows it as it is.
 export function exchange(method, path, text) {
+  const unsafe = unsafeOrigin();
+  if (unsafe) return Promise.reject(new ApiError(401, "unsafe_origin", unsafe));
   const headers = { Authorization: `Bearer ${token() || ""}` };
   const init = { method, headers, cache: "no-store", credentials: "omit" };
   if (text !== undefined) {

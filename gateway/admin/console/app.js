@@ -2,7 +2,7 @@
 // for any role), and the 403 page for a role that may not use a page. Each page module exports
 // `render(node, context)` and returns a function that stops its polling.
 
-import { ApiError, forget, get, setToken, token } from "./api.js";
+import { ApiError, forget, get, setToken, token, unsafeOrigin } from "./api.js";
 import { h, show } from "./dom.js";
 import * as apidocs from "./apidocs.js";
 import * as auditor from "./auditor.js";
@@ -108,6 +108,11 @@ function boot() {
     const value = $("token").value.trim();
     $("token").value = "";
     if (!value) return;
+    const unsafe = unsafeOrigin(); // never keep (nor send) a token on a rebindable page
+    if (unsafe) {
+      logout(unsafe);
+      return;
+    }
     setToken(value);
     start();
   });
@@ -115,8 +120,8 @@ function boot() {
   window.addEventListener("hashchange", () => {
     if (token()) route();
   });
-  if (token()) start();
-  else logout("");
+  if (token() && !unsafeOrigin()) start();
+  else logout(unsafeOrigin() || "");
 }
 
 boot();
