@@ -223,6 +223,7 @@ class Proxy:
         try:
             for attempt in plan:  # in flight from here: reported however it ends
                 outcome, reason, busy, span = Outcome.ended, "", False, None
+                media_skip = False  # skipped for what the request holds: no fallback past it
                 try:
                     stop = standing.lapsed(model)  # the key or the tenant, as it stands now
                     if stop is not None:
@@ -237,6 +238,7 @@ class Proxy:
                         refused = media_refusal(media, registry, attempt)
                         if refused is not None:  # not sent: no record, the next one may serve
                             outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
+                            media_skip = True
                             if unsent is None:
                                 unsent, unsent_rule = refused, MEDIA_URLS_RULE
                             continue
@@ -315,7 +317,7 @@ class Proxy:
                 except TryNext as exc:
                     last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
                 finally:
-                    plan.report(attempt, outcome, reason, busy=busy)
+                    plan.report(attempt, outcome, reason, busy=busy, refused=media_skip)
                     if span is not None:
                         span.end(outcome, reason, exchange)
             exchange.fallback = plan.fallback
