@@ -374,23 +374,23 @@ class Plan:
         reason: str = "",
         *,
         busy: bool = False,
-        refused: bool = False,
+        came_to: str | None = None,
     ) -> None:
         """`attempt` is over (call it once, however it ended; `reason`: why it failed,
-        `busy`: the backend was up but had no room, a 429 or the gateway's own
-        connection limit, `refused`: a private one skipped for what the request holds (a
-        media URL it may not be sent); neither makes it unavailable). Any outcome but
-        `skipped` counts among the pass's attempts."""
+        `busy`: up but no room, a 429 or the gateway's own connection limit; `came_to`: a
+        private one's state when not the outcome's: "refused", skipped for a media URL in
+        the request, "retired", its pool closed with its config; none is unavailable).
+        Any outcome but `skipped` counts among the pass's attempts."""
         if outcome is not Outcome.skipped:
             self._made += 1
         if outcome is Outcome.failed:
             self.reasons.append(reason)
             if attempt.private:
-                self._states[attempt.backend.id] = "busy" if busy else "failed"
+                self._states[attempt.backend.id] = came_to or ("busy" if busy else "failed")
         elif outcome is Outcome.skipped:  # not tried: no record of it, "down" for a fallback
             self.reasons.append(reason)
             if attempt.private:
-                self._states[attempt.backend.id] = "refused" if refused else "down"
+                self._states[attempt.backend.id] = came_to or "down"
         attempt.end()
         router = self._router
         if outcome is Outcome.served and attempt.private:
