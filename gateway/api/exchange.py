@@ -115,16 +115,23 @@ class TryNext(Exception):
     """This backend failed before the client saw a byte; the next candidate may serve.
 
     `error` is what the client should see if no other candidate serves either; `busy`:
-    the backend was up but had no room (a 429, the gateway's own connection limit), which
-    does not make a private backend unavailable for the fallback (gateway/routing/router.py)."""
+    the backend was up but had no room (a 429, the gateway's own connection limit), and
+    `retired`: nothing was sent, its pool closed with a config a reload retired; neither
+    makes a private backend unavailable for the fallback (gateway/routing/router.py)."""
 
     def __init__(
-        self, reason: str, error: GatewayError | None = None, *, busy: bool = False
+        self,
+        reason: str,
+        error: GatewayError | None = None,
+        *,
+        busy: bool = False,
+        retired: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
         self.busy = busy
+        self.retired = retired
 
 
 async def settle(exchange: Exchange) -> None:

@@ -105,7 +105,10 @@ class PrivateRelay:
             self._reports.failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
+                f"{backend.id}: {exc.kind}",
+                last_error(exc),
+                busy=exc.kind in NO_ROOM,
+                retired=exc.kind == "retired",
             ) from exc
 
     async def attempt(
@@ -177,7 +180,10 @@ class PrivateRelay:
             attempt.upstream_failed(exc.kind, exc.detail)
             gone = moved() if exc.kind == "retired" else None  # the completion says why
             raise TryNext(
-                gone or f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
+                gone or f"{backend.id}: {exc.kind}",
+                last_error(exc),
+                busy=exc.kind in NO_ROOM,
+                retired=exc.kind == "retired",
             ) from exc
         if response.status >= 400 and trail is not None:
             trail.offered = offered  # an error status: the backend did not serve it

@@ -223,6 +223,7 @@ class Proxy:
         try:
             for attempt in plan:  # in flight from here: reported however it ends
                 outcome, reason, busy, span = Outcome.ended, "", False, None
+                came_to: str | None = None  # a private one neither down nor failed
                 try:
                     stop = standing.lapsed(model)  # the key or the tenant, as it stands now
                     if stop is not None:
@@ -237,6 +238,7 @@ class Proxy:
                         refused = media_refusal(media, registry, attempt)
                         if refused is not None:  # not sent: no record, the next one may serve
                             outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
+                            came_to = "refused"  # the request's URL: no fallback
                             if unsent is None:
                                 unsent, unsent_rule = refused, MEDIA_URLS_RULE
                             continue
@@ -314,8 +316,9 @@ class Proxy:
                     return
                 except TryNext as exc:
                     last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
+                    came_to = "retired" if exc.retired else None  # nothing sent: not tried
                 finally:
-                    plan.report(attempt, outcome, reason, busy=busy)
+                    plan.report(attempt, outcome, reason, busy=busy, came_to=came_to)
                     if span is not None:
                         span.end(outcome, reason, exchange)
             exchange.fallback = plan.fallback

@@ -33,9 +33,9 @@ dispatch record: one that admits no request when its turn comes (opened since pl
 or half-open with its probe held by another request) is skipped, its reason noted. A
 skipped attempt, and one reported `Outcome.skipped` (withdrawn by a reload, a hosted one
 that sent nothing), has no dispatch record and does not count among the attempts
-(counted in `report`, checked as the next is asked for); a skipped private backend is
-"down" for the fallback. `Plan.basis` says, for a fallback's dispatch record, what state
-each eligible private backend was in (`FallbackBasis`).
+(counted in `report`); a skipped private backend is "down" for the fallback, one skipped
+for a media URL in the request "refused" (no fallback past it: the client's input).
+`Plan.basis` says, for a fallback's dispatch record, each private backend's state.
 
 Each attempt counts as in flight on its backend from the moment it is yielded, with no
 await since the saturation check (a burst cannot all see a backend idle while their
@@ -368,22 +368,29 @@ class Plan:
         return attempt
 
     def report(
-        self, attempt: Attempt, outcome: Outcome, reason: str = "", *, busy: bool = False
+        self,
+        attempt: Attempt,
+        outcome: Outcome,
+        reason: str = "",
+        *,
+        busy: bool = False,
+        came_to: str | None = None,
     ) -> None:
         """`attempt` is over (call it once, however it ended; `reason`: why it failed,
-        `busy`: the backend was up but had no room, a 429 or the gateway's own
-        connection limit, which does not make a private backend unavailable). Any outcome
-        but `skipped` counts among the pass's attempts."""
+        `busy`: up but no room, a 429 or the gateway's own connection limit; `came_to`: a
+        private one's state when not the outcome's: "refused", skipped for a media URL in
+        the request, "retired", its pool closed with its config; none is unavailable).
+        Any outcome but `skipped` counts among the pass's attempts."""
         if outcome is not Outcome.skipped:
             self._made += 1
         if outcome is Outcome.failed:
             self.reasons.append(reason)
             if attempt.private:
-                self._states[attempt.backend.id] = "busy" if busy else "failed"
+                self._states[attempt.backend.id] = came_to or ("busy" if busy else "failed")
         elif outcome is Outcome.skipped:  # not tried: no record of it, "down" for a fallback
             self.reasons.append(reason)
             if attempt.private:
-                self._states[attempt.backend.id] = "down"
+                self._states[attempt.backend.id] = came_to or "down"
         attempt.end()
         router = self._router
         if outcome is Outcome.served and attempt.private:
