@@ -19,8 +19,9 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   come in, so memory stays bounded by the limit plus one read.
 - `header_timeout_s`: a request head must be complete this long after the connection
   opened (the first request) or after its first byte (later requests on a keep-alive
-  connection; the idle time between requests is uvicorn's `timeout_keep_alive`). A
-  connection that sent nothing is closed quietly (a pooled idle connection must not
+  connection, empty lines before a request line included; the idle time between
+  requests is uvicorn's `timeout_keep_alive`). A connection that sent nothing (or empty
+  lines only) is closed quietly (a pooled idle connection must not
   find an unrequested answer), a partial head gets 408 `request_timeout`.
 - `body_timeout_s`: the whole body must arrive this long after the head. The clock
   is the protocol's, not the app's, so it also bounds bodies no handler reads (an early
@@ -178,6 +179,7 @@ class LimitedHttpProtocol(RefusingProtocol):
             self._body_read = 0
         else:
             self._head_bytes += self._read_len
+        idle = self.timeout_keep_alive_task is not None  # between requests: see below
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -206,6 +208,14 @@ class LimitedHttpProtocol(RefusingProtocol):
                     self._head_timer = self.loop.call_later(
                         self.limits.header_timeout_s, self._head_late
                     )
+            elif idle and self._head_timer is None:
+                # Only empty lines, which the parser skips before a request line without
+                # beginning a head, and uvicorn's keep-alive timer is cancelled by any
+                # read: with no deadline left, `\r\n` after an answer held the connection
+                # open for good. Timed as a head from here (closed quietly if none begins).
+                self._head_timer = self.loop.call_later(
+                    self.limits.header_timeout_s, self._head_late
+                )
         else:  # a body is still arriving
             if in_body and self._framing_too_long():
                 return

@@ -35,7 +35,15 @@ from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 from tests.helpers.protocol_wire import connect_protocol, finish
-from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
+from tests.helpers.raw_socket import (
+    WAIT_S,
+    assert_refused,
+    connect,
+    exchange,
+    parse,
+    read_answer,
+    read_to_end,
+)
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
@@ -248,6 +256,22 @@ def test_idle_keepalive_outlives_the_header_timeout(
         assert not select.select([sock], [], [], 1.0)[0]
         sock.sendall(request)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("blank", [b"\r\n", b"\n", b"\r\n" * 100])
+def test_blank_lines_after_an_answer_do_not_keep_a_connection_open(
+    start_listener: Callable[..., ServerThread], blank: bytes
+) -> None:
+    """Empty lines before a request line are skipped (RFC 9112 section 2.2) without
+    beginning a head, but they are bytes: uvicorn cancels its keep-alive timer at any
+    read. Before, a client that sent `\\r\\n` after an answer held the connection open
+    with no deadline at all (neither the keep-alive nor the head timer armed)."""
+    server = start_listener(**SHORT, keepalive_timeout_s=0.5)
+    with connect(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert read_answer(sock).startswith(b"HTTP/1.1 200")
+        sock.sendall(blank)
+        assert read_to_end(sock) == b""  # closed quietly: no head ever began
 
 
 # framing errors
