@@ -75,10 +75,16 @@ class RefusingProtocol(HttpToolsProtocol):
     def _write_late(self) -> None:
         """The client read nothing for `write_timeout_s`: dropped (close() would wait)."""
         self._write_timer = None
-        # An answer's tail (`_watch_tail`) taken, or being read: (then) wait again.
-        if not self.flow.write_paused and self.transport.get_write_buffer_size() < self._unsent:
-            self._watch_tail()
-            return
+        if not self.flow.write_paused:  # an earlier answer's tail (`_watch_tail`)
+            cycle = self.cycle
+            answering = (  # a later answer goes out at its pace: its pause has a deadline
+                cycle.response_started
+                and not cycle.response_complete
+                and not self.transport.is_closing()
+            )
+            if answering or self.transport.get_write_buffer_size() < self._unsent:
+                self._watch_tail()  # taken, or being read: (then) wait again
+                return
         self.refusals.note("write_timeout", self.loop.time())
         self.transport.abort()
 
