@@ -674,3 +674,61 @@ def test_an_answers_tail_read_slowly_is_not_cut() -> None:
 def test_an_answer_the_client_took_whole_is_closed_not_cut() -> None:
     request = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
     assert _held_answer(request, held=0) == (False, True)
+
+
+class _LookedWire(_HeldWire):
+    """A `_HeldWire` that counts the protocol's looks at what it holds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.looks = 0
+        self.looked = asyncio.Event()
+
+    def get_write_buffer_size(self) -> int:
+        self.looks += 1
+        self.looked.set()
+        return self.held
+
+
+def test_an_earlier_tail_does_not_cut_a_later_answer_going_out() -> None:
+    """The tail deadline of an answer is about reading nothing while no answer goes out:
+    while a later one does (a stream), its own pause has the deadline. Each look the
+    protocol takes at the held bytes while the stream goes out is a deadline passing."""
+
+    async def run() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        wire = _LookedWire(loop)
+        cut_meanwhile: list[bool] = []
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["path"] == "/whole":
+                headers = [(b"content-length", b"4")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": b"xxxx"})
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            start = wire.looks
+            while wire.looks < start + 3 and not wire.aborted:  # three deadlines passed
+                wire.looked.clear()
+                await asyncio.wait_for(wire.looked.wait(), WAIT_S)
+            cut_meanwhile.append(wire.aborted)
+            await send({"type": "http.response.body", "body": b""})
+
+        config = uvicorn_config(app, ListenSettings(write_timeout_s=0.05))
+        config.load()
+        state = ServerState()
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=state, app_state={}, _loop=loop
+        )
+        wire.protocol = protocol
+        protocol.connection_made(wire)
+        wire.held = 20_000  # the first answer's tail, never taken
+        protocol.data_received(
+            b"GET /whole HTTP/1.1\r\nhost: x\r\n\r\nGET /stream HTTP/1.1\r\nhost: x\r\n\r\n"
+        )
+        await finish(state.tasks)
+        await asyncio.wait_for(wire.ended.wait(), WAIT_S)  # then cut: nothing was read
+        return [*cut_meanwhile, wire.aborted]
+
+    assert asyncio.run(run()) == [False, True]
