@@ -19,8 +19,9 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   come in, so memory stays bounded by the limit plus one read.
 - `header_timeout_s`: a request head must be complete this long after the connection
   opened (the first request) or after its first byte (later requests on a keep-alive
-  connection; the idle time between requests is uvicorn's `timeout_keep_alive`). A
-  connection that sent nothing is closed quietly (a pooled idle connection must not
+  connection, empty lines before a request line included; the idle time between
+  requests is uvicorn's `timeout_keep_alive`). A connection that sent nothing (or empty
+  lines only) is closed quietly (a pooled idle connection must not
   find an unrequested answer), a partial head gets 408 `request_timeout`.
 - `body_timeout_s`: the whole body must arrive this long after the head. The clock
   is the protocol's, not the app's, so it also bounds bodies no handler reads (an early
@@ -30,7 +31,9 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   has started, else the connection is closed.
 - `write_timeout_s`: a client that reads nothing of what it is sent (the transport paused
   writing: its buffers are full) this long is cut off, and the app sees it gone (uvicorn
-  waits for it without limit, and a stream's relay with it, holding its backend).
+  waits for it without limit, and a stream's relay with it, holding its backend). So is
+  one that takes none of an answer's last bytes this long, fewer than pause writing
+  (`_watch_tail`): a close after the answer would wait for them without end.
 - a started stream's body may be written without `send`: each request's scope holds a
   `BodyWriter` (`gateway/body_writer.py`, key `owngate.body_writer`) for the private
   relay's per-chunk writes, framed as `send` frames them.
@@ -155,9 +158,9 @@ class LimitedHttpProtocol(RefusingProtocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
-            self.room.stall(self)  # droppable at the cap when none waits (listener_room.py)
+        cancel(self._write_timer)  # an earlier answer's tail's (`_watch_tail`), if any
+        self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
+        self.room.stall(self)  # droppable at the cap when none waits (listener_room.py)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -165,6 +168,8 @@ class LimitedHttpProtocol(RefusingProtocol):
             self.room.unstall(self)
             self._write_timer.cancel()
             self._write_timer = None
+        if self.cycle is not None and self.cycle.response_complete:
+            self._watch_tail()  # the answer ended while paused: what is left has one too
 
     def data_received(self, data: bytes) -> None:
         if self._linger_left >= 0:  # refused: drop what still comes, within bounds
@@ -178,6 +183,7 @@ class LimitedHttpProtocol(RefusingProtocol):
             self._body_read = 0
         else:
             self._head_bytes += self._read_len
+        idle = self.timeout_keep_alive_task is not None  # between requests: see below
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
@@ -206,6 +212,14 @@ class LimitedHttpProtocol(RefusingProtocol):
                     self._head_timer = self.loop.call_later(
                         self.limits.header_timeout_s, self._head_late
                     )
+            elif idle and self._head_timer is None:
+                # Only empty lines, which the parser skips before a request line without
+                # beginning a head, and uvicorn's keep-alive timer is cancelled by any
+                # read: with no deadline left, `\r\n` after an answer held the connection
+                # open for good. Timed as a head from here (closed quietly if none begins).
+                self._head_timer = self.loop.call_later(
+                    self.limits.header_timeout_s, self._head_late
+                )
         else:  # a body is still arriving
             if in_body and self._framing_too_long():
                 return
@@ -278,7 +292,8 @@ class LimitedHttpProtocol(RefusingProtocol):
             # Answered before its body was read (an early 401, 413, 429): uvicorn keeps what
             # it buffered (up to one read past 64 KiB) until the next request or the end.
             cycle.body = bytearray()
-        super().on_response_complete()
+        super().on_response_complete()  # (may close: `connection: close`)
+        self._watch_tail()  # an unread tail below the pause mark: deadline too
         # Waiting again, unless a pipelined request is answered now (the newest cycle).
         if self.cycle.response_complete and not self.transport.is_closing():
             if self._after_answers is not None:  # the refusal of the head after them

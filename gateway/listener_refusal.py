@@ -54,6 +54,7 @@ class RefusingProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        self._unsent = 0  # an answer's unread tail when `_write_timer` was armed for it
         self._linger_left = -1  # bytes still dropped after a refusal; -1: not refused
         self._body_read = 0  # body bytes the current read delivered
         self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
@@ -74,8 +75,33 @@ class RefusingProtocol(HttpToolsProtocol):
     def _write_late(self) -> None:
         """The client read nothing for `write_timeout_s`: dropped (close() would wait)."""
         self._write_timer = None
+        if not self.flow.write_paused:  # an earlier answer's tail (`_watch_tail`)
+            cycle = self.cycle
+            answering = (  # a later answer goes out at its pace: its pause has a deadline
+                cycle.response_started
+                and not cycle.response_complete
+                and not self.transport.is_closing()
+            )
+            if answering or self.transport.get_write_buffer_size() < self._unsent:
+                self._watch_tail()  # taken, or being read: (then) wait again
+                return
         self.refusals.note("write_timeout", self.loop.time())
         self.transport.abort()
+
+    def _watch_tail(self) -> None:
+        """An answer ended with bytes the client has not taken yet, fewer than pause the
+        transport's writing (whose pause arms the write deadline): `close()` after it (a
+        `connection: close`, the keep-alive timeout) waits for them without end. Each
+        `write_timeout_s` in which the client takes none of them drops it, as a paused
+        one (an earlier answer's tail starts over: its client asked again). Called once per
+        answer: costs one buffer-size read when nothing is left."""
+        if self.flow.write_paused:  # that deadline runs (`pause_writing`)
+            return
+        cancel(self._write_timer)
+        self._write_timer = None
+        self._unsent = self.transport.get_write_buffer_size()
+        if self._unsent:
+            self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
 
     def _body_late(self) -> None:
         self._body_timer = None

@@ -24,18 +24,27 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from uvicorn.server import ServerState
 
 from gateway.app import create_app
 from gateway.config.schema import ListenSettings
 from gateway.errors import ErrorCode
 from gateway.listener import http_protocol
 from gateway.listener_limits import ListenerLimits, derived_max_connections
-from gateway.serving import ServerThread
+from gateway.serving import ServerThread, uvicorn_config
 from tests.helpers.gateways import TENANT_KEY, Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.protocol_wire import connect_protocol, finish
-from tests.helpers.raw_socket import WAIT_S, assert_refused, connect, exchange, parse, read_to_end
+from tests.helpers.protocol_wire import Wire, connect_protocol, finish
+from tests.helpers.raw_socket import (
+    WAIT_S,
+    assert_refused,
+    connect,
+    exchange,
+    parse,
+    read_answer,
+    read_to_end,
+)
 
 SHORT = {"header_timeout_s": 0.5, "body_timeout_s": 0.5}
 CHAT = b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}'
@@ -248,6 +257,22 @@ def test_idle_keepalive_outlives_the_header_timeout(
         assert not select.select([sock], [], [], 1.0)[0]
         sock.sendall(request)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("blank", [b"\r\n", b"\n", b"\r\n" * 100])
+def test_blank_lines_after_an_answer_do_not_keep_a_connection_open(
+    start_listener: Callable[..., ServerThread], blank: bytes
+) -> None:
+    """Empty lines before a request line are skipped (RFC 9112 section 2.2) without
+    beginning a head, but they are bytes: uvicorn cancels its keep-alive timer at any
+    read. Before, a client that sent `\\r\\n` after an answer held the connection open
+    with no deadline at all (neither the keep-alive nor the head timer armed)."""
+    server = start_listener(**SHORT, keepalive_timeout_s=0.5)
+    with connect(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert read_answer(sock).startswith(b"HTTP/1.1 200")
+        sock.sendall(blank)
+        assert read_to_end(sock) == b""  # closed quietly: no head ever began
 
 
 # framing errors
@@ -537,3 +562,173 @@ def test_a_client_that_reads_nothing_of_a_stream_is_cut_off_at_the_write_timeout
         return seen
 
     assert asyncio.run(run()) == ["http.disconnect"]
+
+
+class _HeldWire(Wire):
+    """A transport that keeps `held` bytes of what was written (its client reads nothing
+    more), fewer than the mark at which writing pauses: `close` waits for them, as
+    uvloop's does, and only `abort` ends the connection then."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.held = 0
+        self.closing = False
+        self.aborted = False
+        self.ended = asyncio.Event()
+
+    def get_write_buffer_size(self) -> int:
+        return self.held
+
+    def close(self) -> None:
+        self.closing = True
+        if not self.held:
+            super().close()
+            self.ended.set()
+
+    def is_closing(self) -> bool:
+        return self.closing or self.closed
+
+    def abort(self) -> None:
+        self.aborted = True
+        super().close()
+        self.ended.set()
+
+
+class _ReadingWire(_HeldWire):
+    """A `_HeldWire` whose client takes 4,000 of the held bytes between two looks at
+    them: slowly, but it reads."""
+
+    def get_write_buffer_size(self) -> int:
+        held = self.held
+        self.held = max(0, held - 4_000)
+        if not self.held and self.closing and not self.closed:
+            self.loop.call_soon(self.close)  # flushed: the close completes
+        return held
+
+
+def _held_answer(
+    request: bytes, held: int, *, paused: bool = False, wire_type: type[_HeldWire] = _HeldWire
+) -> tuple[bool, bool]:
+    """Answer `request` on a `_HeldWire` whose client leaves `held` bytes of the answer
+    unread (with `paused`: after the answer ended, writing paused, and resumed once the
+    client read all but `held`); (aborted, closed) once the connection ended, the
+    keep-alive timeout and `write_timeout_s` short."""
+
+    async def run() -> tuple[bool, bool]:
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            headers = [(b"content-length", b"40000")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"x" * 40_000})
+
+        loop = asyncio.get_running_loop()
+        wire = wire_type(loop)
+        config = uvicorn_config(app, ListenSettings(keepalive_timeout_s=0.05, write_timeout_s=0.05))
+        config.load()
+        state = ServerState()
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=state, app_state={}, _loop=loop
+        )
+        wire.protocol = protocol
+        protocol.connection_made(wire)
+        if not paused:
+            wire.held = held  # the answer's tail: below the pause mark, never paused
+        protocol.data_received(request)
+        await finish(state.tasks)
+        if paused:
+            protocol.pause_writing()
+            wire.held = held
+            protocol.resume_writing()
+        await asyncio.wait_for(wire.ended.wait(), WAIT_S)  # (before: never ended)
+        return wire.aborted, wire.closed
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("close", [b"connection: close\r\n", b""], ids=["close", "keep-alive"])
+def test_an_answers_unread_tail_is_cut_off_at_the_write_timeout(close: bytes) -> None:
+    """The write deadline ran only while writing was paused (more than the transport's
+    high-water mark unsent). An answer whose last bytes stayed unread below that mark
+    (any answer some 20 KB longer than what the kernel's buffers take) never paused it:
+    the close after `connection: close` or the keep-alive timeout waits for those bytes
+    without end, and the connection, neither waiting nor stalled, was never dropped at
+    the cap either. Measured over loopback: 5 clients with `SO_RCVBUF` 1024 each held a
+    connection for good (write_timeout_s 1 s, keep-alive 0.5 s)."""
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n" + close + b"\r\n"
+    assert _held_answer(request, held=20_000) == (True, True)
+
+
+def test_an_answers_tail_left_unread_after_writing_resumed_is_cut_off() -> None:
+    """An answer that ended while writing was paused: the client reads until writing
+    resumes (below the low-water mark, the pause's deadline cancelled) and stops."""
+    request = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+    assert _held_answer(request, held=5_000, paused=True) == (True, True)
+
+
+def test_an_answers_tail_read_slowly_is_not_cut() -> None:
+    """The deadline is on reading nothing: each look that finds fewer bytes left starts
+    it over, and the close completes once the client has them all."""
+    request = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    assert _held_answer(request, held=20_000, wire_type=_ReadingWire) == (False, True)
+
+
+def test_an_answer_the_client_took_whole_is_closed_not_cut() -> None:
+    request = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    assert _held_answer(request, held=0) == (False, True)
+
+
+class _LookedWire(_HeldWire):
+    """A `_HeldWire` that counts the protocol's looks at what it holds."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.looks = 0
+        self.looked = asyncio.Event()
+
+    def get_write_buffer_size(self) -> int:
+        self.looks += 1
+        self.looked.set()
+        return self.held
+
+
+def test_an_earlier_tail_does_not_cut_a_later_answer_going_out() -> None:
+    """The tail deadline of an answer is about reading nothing while no answer goes out:
+    while a later one does (a stream), its own pause has the deadline. Each look the
+    protocol takes at the held bytes while the stream goes out is a deadline passing."""
+
+    async def run() -> list[bool]:
+        loop = asyncio.get_running_loop()
+        wire = _LookedWire(loop)
+        cut_meanwhile: list[bool] = []
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["path"] == "/whole":
+                headers = [(b"content-length", b"4")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": b"xxxx"})
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            start = wire.looks
+            while wire.looks < start + 3 and not wire.aborted:  # three deadlines passed
+                wire.looked.clear()
+                await asyncio.wait_for(wire.looked.wait(), WAIT_S)
+            cut_meanwhile.append(wire.aborted)
+            await send({"type": "http.response.body", "body": b""})
+
+        config = uvicorn_config(app, ListenSettings(write_timeout_s=0.05))
+        config.load()
+        state = ServerState()
+        protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=state, app_state={}, _loop=loop
+        )
+        wire.protocol = protocol
+        protocol.connection_made(wire)
+        wire.held = 20_000  # the first answer's tail, never taken
+        protocol.data_received(
+            b"GET /whole HTTP/1.1\r\nhost: x\r\n\r\nGET /stream HTTP/1.1\r\nhost: x\r\n\r\n"
+        )
+        await finish(state.tasks)
+        await asyncio.wait_for(wire.ended.wait(), WAIT_S)  # then cut: nothing was read
+        return [*cut_meanwhile, wire.aborted]
+
+    assert asyncio.run(run()) == [False, True]
