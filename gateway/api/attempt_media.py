@@ -12,7 +12,20 @@ from gateway.errors import GatewayError
 from gateway.routing.registry import Registry
 from gateway.routing.router import Attempt
 
-__all__ = ["media_narrowed", "media_refusal"]
+__all__ = ["Narrowed", "media_narrowed", "media_refusal"]
+
+
+class Narrowed(str):
+    """`media_narrowed`'s reason: the request's own URL withdrew the attempt, the backend
+    is up ("refused" for a fallback, as at the first check: gateway/api/proxy.py);
+    `error`, the client's 400 if nothing is sent."""
+
+    error: GatewayError
+
+    def __new__(cls, reason: str, error: GatewayError) -> Narrowed:
+        narrowed = super().__new__(cls, reason)
+        narrowed.error = error
+        return narrowed
 
 
 def media_refusal(media: MediaRefs, registry: Registry, attempt: Attempt) -> GatewayError | None:
@@ -32,6 +45,8 @@ def media_narrowed(
     """`withdrawn` (`withdrawn_by_reload`), or why a config reload since the media check
     narrowed the backend's `media_urls` below the request's URLs."""
     reason = withdrawn()
-    if reason is None and media_refusal(media, registry, attempt) is not None:
-        reason = f"{attempt.backend.id}: its media_urls narrowed by a config reload"
+    refused = None if reason is not None else media_refusal(media, registry, attempt)
+    if refused is not None:
+        why = f"{attempt.backend.id}: its media_urls narrowed by a config reload"
+        reason = Narrowed(why, refused)
     return reason

@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any
 
 from gateway.api.attempt_errors import attempt_error, stopped
-from gateway.api.attempt_media import media_narrowed, media_refusal
+from gateway.api.attempt_media import Narrowed, media_narrowed, media_refusal
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, withdrawn_by_reload
@@ -309,6 +309,10 @@ class Proxy:
                         raise stopped(gone, decision, last, model, exchange.request_id.decode())
                     if gone is not None:  # withdrawn by a reload while it connected or was checked
                         outcome, reason = Outcome.skipped, gone
+                        if isinstance(gone, Narrowed):  # the request's URL, as refused above
+                            came_to = "refused"
+                            if unsent is None:
+                                unsent, unsent_rule = gone.error, MEDIA_URLS_RULE
                         continue
                     outcome = Outcome.served
                     if exchange.fallback is not None:
@@ -317,6 +321,8 @@ class Proxy:
                 except TryNext as exc:
                     last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
                     came_to = "retired" if exc.retired else None  # nothing sent: not tried
+                    if isinstance(exc.reason, Narrowed):  # its URL, once its record was made
+                        came_to = "refused"
                 finally:
                     plan.report(attempt, outcome, reason, busy=busy, came_to=came_to)
                     if span is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.api import attempt_media, proxy
 from tests.helpers.gateways import (
     EU_ZERO,
     LITELLM_WARNINGS,
@@ -129,3 +130,45 @@ def test_one_private_backend_refusing_the_url_withholds_the_fallback_past_anothe
     assert served(hosted) == 0, response.text
     assert response.status_code == 503, response.text
     assert [len(raw.posts) for raw in raws] == [0, 1]
+
+
+def test_a_reload_narrowing_media_urls_before_the_dispatch_does_not_unlock_the_fallback(
+    setup: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The URL passed each backend's first check (the config the request arrived under
+    allowed it) and a reload narrowed `media_urls` before its dispatch record: each attempt
+    is withdrawn for the request's own URL, "refused" as at the first check, never "down"
+    (before: down, and the request went hosted with the URL)."""
+    monkeypatch.setattr(proxy, "media_refusal", lambda *_: None)  # the arrival config's
+    gateway, hosted, raws = setup(json_answer(completion_body("private")), NONE)
+    response = post_image(gateway)
+    assert served(hosted) == 0, response.text
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_request"
+    assert response.json()["error"]["param"] == "messages[0].content[1]"
+    assert [len(raw.posts) for raw in raws] == [0, 0]
+
+
+def test_a_reload_narrowing_media_urls_after_the_dispatch_record_does_not_unlock_it(
+    setup: Build, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, the reload landing once each dispatch record was written: each attempt
+    fails before it sends (its completion says why), "refused" for the fallback, never
+    "failed" (before: failed, and the request went hosted with the URL)."""
+    real = attempt_media.media_refusal
+    asked: dict[str, int] = {}
+
+    def narrowed_after_the_record(media: Any, registry: Any, attempt: Any) -> Any:
+        asked[attempt.backend.id] = asked.get(attempt.backend.id, 0) + 1
+        if asked[attempt.backend.id] == 1:  # right before the dispatch record: allowed
+            return None
+        return real(media, registry, attempt)
+
+    monkeypatch.setattr(proxy, "media_refusal", lambda *_: None)  # the arrival config's
+    monkeypatch.setattr(attempt_media, "media_refusal", narrowed_after_the_record)
+    gateway, hosted, raws = setup(json_answer(completion_body("private")), NONE)
+    response = post_image(gateway)
+    assert served(hosted) == 0, response.text
+    assert asked == {"a": 2, "b": 2}  # each attempt was asked again after its record
+    assert [len(raw.posts) for raw in raws] == [0, 0]
+    assert response.status_code == 503, response.text  # the last attempt's: it was dispatched
