@@ -50,6 +50,21 @@ spec:
     to: [{backend: hosted}]
 """
 
+# acme's EU, zero-retention policy that falls back to the hosted backend `hosted` only when
+# no private backend is available (the fallback tests' rule).
+EU_FALLBACK_POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: eu, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: hosted}]
+"""
+
 
 @dataclasses.dataclass
 class Sim:

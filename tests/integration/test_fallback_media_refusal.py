@@ -18,6 +18,7 @@ import pytest
 
 from gateway.api import attempt_media, proxy
 from tests.helpers.gateways import (
+    EU_FALLBACK_POLICY,
     EU_ZERO,
     LITELLM_WARNINGS,
     Gateway,
@@ -38,18 +39,7 @@ from tests.helpers.raw_backend import (
 
 pytestmark = LITELLM_WARNINGS
 
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: eu, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
+POLICY = EU_FALLBACK_POLICY
 
 # A public literal address: a hosted provider may be sent it, a backend whose
 # `media_urls:` is `remote: none` may not.

@@ -25,6 +25,7 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.serving import ServerThread
 from tests.helpers.gateways import (
+    EU_FALLBACK_POLICY,
     EU_ZERO,
     LITELLM_WARNINGS,
     Gateway,
@@ -45,18 +46,7 @@ from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
 
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: eu, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
+POLICY = EU_FALLBACK_POLICY
 
 
 def test_a_retired_pool_does_not_make_its_private_backend_unavailable(

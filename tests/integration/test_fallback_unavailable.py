@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.gateways import (
+    EU_FALLBACK_POLICY,
     EU_ZERO,
     LITELLM_WARNINGS,
     Gateway,
@@ -32,18 +33,7 @@ from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
 
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: eu, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: hosted}]
-"""
+POLICY = EU_FALLBACK_POLICY
 
 
 def status_answer(status: bytes) -> Answer:
