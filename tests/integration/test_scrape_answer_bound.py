@@ -13,13 +13,16 @@ list is not parsed: no slot count is learned from it, and it costs no more than 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import tracemalloc
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 import pytest
 
 from gateway.config.schema import ScrapeSettings
-from gateway.routing.registry import Registry
+from gateway.routing.registry import BackendState, Registry
 from gateway.routing.scraper import (
     MAX_SCRAPE_BYTES,
     MAX_SLOT_BACKOFF_ROUNDS,
@@ -43,44 +46,66 @@ def _answer(body: bytes) -> bytes:
     return head % len(body) + body
 
 
-async def _learn_from(
-    document: bytes, props: bytes | None = None
-) -> tuple[int | None, list[bytes], int]:
-    """One scrape round of a llama.cpp backend answering `/props` and `/slots` with
-    `document` (`/props` with `props` if given): the slot count it learned, the paths it
-    asked for, and the peak of the memory allocated meanwhile."""
-    asked: list[bytes] = []
+@dataclasses.dataclass
+class _Llama:
+    """A llama.cpp backend answering each request with `answer(path)`, as the scraper of a
+    gateway sees it: the paths it was asked for and the connections opened to it."""
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    answer: Callable[[bytes], bytes]
+    asked: list[bytes] = dataclasses.field(default_factory=list)
+    connections: int = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 path = (await read_request(reader)).split(b" ", 2)[1]
-                asked.append(path)
-                if path == b"/props" and props is not None:
-                    writer.write(_answer(props))
-                else:
-                    hostile = path in (b"/props", b"/slots")
-                    writer.write(_answer(document if hostile else b""))
+                self.asked.append(path)
+                writer.write(self.answer(path))
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    config = gateway_config([backend("cpu", f"http://127.0.0.1:{port}", "m", kind="llamacpp")])
-    state = Registry.build(config, environ={}).backends["cpu"]
-    scraper = MetricsScraper([state], ScrapeSettings(timeout_s=60.0, staleness_s=120.0))
-    tracemalloc.start()
-    try:
-        await scraper.scrape_once()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        await scraper.close()
-        await close_server(server)
-    return state.learned_slots, asked, peak
+    @contextlib.asynccontextmanager
+    async def scraped(self) -> AsyncIterator[tuple[BackendState, MetricsScraper]]:
+        """The backend served, and a scraper of it (as a `kind: llamacpp` backend without
+        `capacity.max_concurrency`)."""
+        server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        config = gateway_config([backend("cpu", url, "m", kind="llamacpp")])
+        state = Registry.build(config, environ={}).backends["cpu"]
+        scraper = MetricsScraper([state], ScrapeSettings(timeout_s=60.0, staleness_s=120.0))
+        try:
+            yield state, scraper
+        finally:
+            await scraper.close()
+            await close_server(server)
+
+
+async def _learn_from(
+    document: bytes, props: bytes | None = None
+) -> tuple[int | None, list[bytes], int]:
+    """One scrape round of a llama.cpp backend answering `/props` and `/slots` with
+    `document` (`/props` with `props` if given): the slot count it learned, the paths it
+    asked for, and the peak of the memory allocated meanwhile."""
+
+    def answer(path: bytes) -> bytes:
+        if path == b"/props" and props is not None:
+            return _answer(props)
+        return _answer(document if path in (b"/props", b"/slots") else b"")
+
+    llama = _Llama(answer)
+    async with llama.scraped() as (state, scraper):
+        tracemalloc.start()
+        try:
+            await scraper.scrape_once()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    return state.learned_slots, llama.asked, peak
 
 
 @pytest.mark.parametrize(
@@ -182,45 +207,22 @@ async def _rounds(
     in round n (the last one after), `/slots` with 404 and `/health` with `health`: the
     slot count known after each round, the paths asked for, the connections the scraper
     opened, and the health probes failed in a row at the end."""
-    asked: list[bytes] = []
-    connections = 0
     round_no = 0
 
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        try:
-            while True:
-                path = (await read_request(reader)).split(b" ", 2)[1]
-                asked.append(path)
-                if path == b"/props":
-                    writer.write(_answer(answers[min(round_no, len(answers) - 1)]))
-                elif path == b"/slots":
-                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
-                elif path == b"/health":
-                    writer.write(_answer(health))
-                else:
-                    writer.write(_answer(b""))
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
+    def answer(path: bytes) -> bytes:
+        if path == b"/props":
+            return _answer(answers[min(round_no, len(answers) - 1)])
+        if path == b"/slots":
+            return b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
+        return _answer(health if path == b"/health" else b"")
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    config = gateway_config([backend("cpu", f"http://127.0.0.1:{port}", "m", kind="llamacpp")])
-    state = Registry.build(config, environ={}).backends["cpu"]
-    scraper = MetricsScraper([state], ScrapeSettings(timeout_s=60.0, staleness_s=120.0))
+    llama = _Llama(answer)
     learned: list[int | None] = []
-    try:
-        for round_no in range(rounds):  # noqa: B007 - the server reads it
+    async with llama.scraped() as (state, scraper):
+        for round_no in range(rounds):  # noqa: B007 - `answer` reads it
             await scraper.scrape_once()
             learned.append(state.learned_slots)
-    finally:
-        await scraper.close()
-        await close_server(server)
-    return learned, asked, connections, state.probe.failures
+    return learned, llama.asked, llama.connections, state.probe.failures
 
 
 def test_a_backend_that_says_no_slot_count_is_asked_less_and_less() -> None:
