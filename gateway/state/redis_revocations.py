@@ -5,18 +5,37 @@ calls Redis, and a revocation once seen stays), the ones made here that Redis ha
 stored yet (made while it was away), and the version of the Redis set last read. The
 background sync calls `sync` with the version and size each HEARTBEAT reads: a new
 version is read in whole, and whatever Redis lacks is pushed back to it.
+
+Only members shaped as a key digest (`sha256:` and 64 lowercase hex digits) are read:
+`READ` filters them on Redis, so a member another program wrote there (of any size:
+Redis allows 512 MB) never crosses the wire, never enters the cache (which keeps what it
+holds for the process's life) and is never pushed back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
+from typing import Any, Final
 
 from redis.asyncio import Redis
 
 from gateway.state import lua
 from gateway.state.redis_keys import FAILURES, RedisKeys, text
 
-__all__ = ["RevokedKeys"]
+__all__ = ["DIGEST", "READ", "RevokedKeys"]
+
+# What owngate stores in the revoked set (`gateway.tenants.hash_api_key`).
+DIGEST: Final = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+# KEYS: revoked set -> {members in the set, the members shaped as DIGEST...}
+READ: Final = """
+local out = {redis.call('SCARD', KEYS[1])}
+for _, m in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if #m == 71 and string.match(m, '^sha256:[0-9a-f]+$') then out[#out + 1] = m end
+end
+return out
+"""
 
 
 class RevokedKeys:
@@ -26,10 +45,12 @@ class RevokedKeys:
         self._keys = keys
         self._client = client
         self._script = client.register_script(lua.REVOKE)
+        self._read = client.register_script(READ)
         self._timeout_s = timeout_s
         self._revoked: set[str] = set()
         self._pending: set[str] = set()  # revoked here, not yet stored in Redis
         self._version = 0
+        self._foreign = 0  # members of the set as last read that are no digest (not ours)
 
     @property
     def pending(self) -> int:
@@ -48,8 +69,8 @@ class RevokedKeys:
         """Refuse the key here at once; True when Redis stored it too. With Redis away
         (`healthy` false) it waits for the next sync that reaches Redis, as it does when
         the call fails, which raises that failure (one of `FAILURES`)."""
-        if not key_hash:
-            raise ValueError("revoke_key needs a key hash")
+        if not DIGEST.match(key_hash):
+            raise ValueError("revoke_key needs a key digest (sha256: and 64 hex digits)")
         self._revoked.add(key_hash)
         if not healthy:
             self._pending.add(key_hash)
@@ -64,19 +85,33 @@ class RevokedKeys:
             raise
         return True
 
-    async def sync(self, version: int, stored: int) -> None:
-        """Read Redis's set when its `version` moved or it holds keys not cached here;
-        push back the ones it lacks."""
+    async def sync(self, version: int, stored: int, *, reread: bool = False) -> None:
+        """Read Redis's set when its `version` moved, it holds digests not cached here,
+        or `reread` (a resync: now and then whatever the counts say, as another program
+        may have swapped a digest for a foreign member); push back the ones it lacks.
+        `stored` is the set's size, foreign members (as the last read counted) included."""
         keys = self._keys
-        if version != self._version or stored > len(self._revoked):
-            members = await self._client.smembers(keys.revoked)
-            self._revoked.update(text(m) for m in members)
+        if reread or version != self._version or stored - self._foreign > len(self._revoked):
+            size, members = _read_reply(await self._read(keys=[keys.revoked]))
+            self._revoked.update(members)
             self._version = version
-            stored = len(members)
+            self._foreign = size - len(members)
+            stored = size
         # Ours that Redis lacks: made while it was away, or lost with its data.
         push = set(self._pending)
-        if stored < len(self._revoked):
+        if stored - self._foreign < len(self._revoked):
             push |= self._revoked
         if push:
             await self._script(keys=[keys.revoked, keys.revoked_version], args=sorted(push))
             self._pending -= push
+
+
+def _read_reply(reply: Any) -> tuple[int, list[str]]:
+    """`READ`'s reply as it must be: the set's size, then digests (at most that many);
+    anything else raises ValueError without quoting it (a malformed sync reply)."""
+    if isinstance(reply, list) and reply and type(reply[0]) is int:
+        members = [text(m) for m in reply[1:] if isinstance(m, bytes | str)]
+        if len(members) == len(reply) - 1 <= reply[0] and all(map(DIGEST.match, members)):
+            return reply[0], members
+    size = f"a list of {len(reply)}" if isinstance(reply, list) else type(reply).__name__
+    raise ValueError(f"malformed revocations reply from redis ({size})")

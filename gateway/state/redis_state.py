@@ -292,7 +292,7 @@ class RedisState:
                 return
         self._health.replicas = max(self._workers, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
-        await self._revocations.sync(int(reply[2]), int(reply[3]))
+        await self._revocations.sync(int(reply[2]), int(reply[3]), reread=reply[0] == 1)
 
     async def _restore(self) -> None:
         """Before a resync renews the lease: put back the budget use this replica's

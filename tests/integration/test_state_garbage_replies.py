@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from gateway.state import RateLimited, TenantLimits, create_state, lua
+from gateway.state.redis_revocations import READ
 from gateway.state.redis_state import RedisState
 
 
@@ -31,10 +32,14 @@ def _array(*items: int | bytes) -> bytes:
     return out
 
 
-# A healthy-looking HEARTBEAT (resync done, one live replica, no revocations) and
-# RESTORE (lease live), so the replica believes Redis works; the request-path scripts
-# get the garbage under test.
-_SYNC = {_sha(lua.HEARTBEAT): _array(1, 1, 0, 0), _sha(lua.RESTORE): _array(0, b"e")}
+# A healthy-looking HEARTBEAT (resync done, one live replica, no revocations), the
+# revoked set's read (empty) and RESTORE (lease live), so the replica believes Redis
+# works; the request-path scripts get the garbage under test.
+_SYNC = {
+    _sha(lua.HEARTBEAT): _array(1, 1, 0, 0),
+    _sha(READ): _array(0),
+    _sha(lua.RESTORE): _array(0, b"e"),
+}
 GARBAGE = {
     "simple-string": b"+OK\r\n",
     "integer": b":7\r\n",
@@ -58,10 +63,15 @@ async def _read_command(reader: asyncio.StreamReader) -> list[bytes]:
 
 
 @asynccontextmanager
-async def fake_redis(garbage: bytes, *, sync: bool = True) -> AsyncIterator[str]:
+async def fake_redis(
+    garbage: bytes, *, sync: bool = True, read: bytes | None = None
+) -> AsyncIterator[str]:
     """A server answering each EVALSHA with `garbage`, except the sync's scripts when
-    `sync` (then they get a healthy-looking answer)."""
-    answers = _SYNC if sync else {}
+    `sync` (then they get a healthy-looking answer; the revoked set's read gets `read`
+    when given)."""
+    answers = dict(_SYNC) if sync else {}
+    if read is not None:
+        answers[_sha(READ)] = read
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -194,6 +204,36 @@ def test_garbage_heartbeat_reply_is_never_read_as_healthy(kind: str) -> None:
                 reason = state.degraded_reason or ""
                 assert "malformed" in reason and "zero" not in reason, reason
                 assert state.status().replicas == 1
+            finally:
+                await state.close(deregister=False)
+
+    asyncio.run(scenario())
+
+
+DIGEST = b"sha256:" + b"ab" * 32
+BAD_READS = {
+    "foreign-member": _array(2, DIGEST, b"A" * 4096),
+    "more-members-than-size": _array(1, DIGEST, DIGEST),
+    "no-size": _array(DIGEST),
+    "simple-string": b"+OK\r\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_READS))
+def test_garbage_revocations_reply_is_never_cached(kind: str) -> None:
+    """A read of the revoked set answered with anything but its size and digests leaves
+    the state degraded and caches nothing of it: READ (redis_revocations.py) sends only
+    digests, so a member of another shape is no answer of ours."""
+
+    async def scenario() -> None:
+        async with fake_redis(b"*0\r\n", read=BAD_READS[kind]) as url:
+            state = _state(url)
+            await state.start()
+            try:
+                assert not state.healthy, state.status()
+                reason = state.degraded_reason or ""
+                assert "malformed revocations reply" in reason and "AAAA" not in reason
+                assert state.revocations == 0
             finally:
                 await state.close(deregister=False)
 
