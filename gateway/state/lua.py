@@ -269,12 +269,15 @@ for i = 1, #fields, 2 do
   if not replica or not live[replica] then
     redis.call('HDEL', KEYS[2], field)
   elseif replica ~= me then
-    local backend = string.sub(field, #replica + 2)
-    if not sums[backend] then
-      sums[backend] = 0
-      order[#order + 1] = backend
+    -- what a replica writes: a backend id (at most 63 bytes), a count >= 0; not another's
+    local backend, n = string.sub(field, #replica + 2), tonumber(fields[i + 1])
+    if #backend <= 63 and n and n >= 0 and n == math.floor(n) and n < 2^31 then
+      if not sums[backend] then
+        sums[backend] = 0
+        order[#order + 1] = backend
+      end
+      sums[backend] = sums[backend] + n
     end
-    sums[backend] = sums[backend] + tonumber(fields[i + 1])
   end
 end
 local out = {resync and 1 or 0, nlive, tonumber(redis.call('GET', KEYS[4])) or 0,

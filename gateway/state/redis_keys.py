@@ -110,7 +110,7 @@ def replied(what: str, reply: Any, *shapes: tuple[int | None, ...]) -> list[int]
 
 def heartbeat_reply(reply: Any) -> list[Any]:
     """`lua.HEARTBEAT`'s reply as it must be: `[-1]` or `[-2]` (no lease renewed), or
-    `[0|1, live replicas, revoked version, revoked count, (backend, count)...]`;
+    `[0|1, live replicas, revoked version, revoked count, (backend, count >= 0)...]`;
     anything else raises ValueError (as `replied`)."""
     if isinstance(reply, list) and reply in ([-1], [-2]):
         return reply
@@ -121,7 +121,7 @@ def heartbeat_reply(reply: Any) -> list[Any]:
         and all(type(item) is int for item in reply[:4])
         and reply[0] in (0, 1)
         and reply[1] >= 0
-        and all(type(item) is int for item in reply[5::2])
+        and all(type(item) is int and item >= 0 for item in reply[5::2])
         and all(isinstance(item, bytes | str) for item in reply[4::2])
     ):
         return reply

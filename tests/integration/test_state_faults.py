@@ -18,6 +18,7 @@ pytestmark = pytest.mark.redis
 
 WAIT_S = 15.0
 KEYS = RedisKeys("test")
+HUGE = b"g" * (1 << 20)  # a backend name no replica writes
 
 
 async def plant_garbage(server: RedisServer, where: str) -> None:
@@ -75,5 +76,36 @@ def test_huge_reported_usage_is_charged_on_every_replica(
                 await b.acquire("acme", limits)
             assert caught.value.limit == "tokens_per_minute"
             assert caught.value.retry_after_s > 60.0
+
+    asyncio.run(scenario())
+
+
+FOREIGN_INFLIGHT = {
+    "negative": (b"gpu", b"-1000000"),  # routing would send everything to gpu
+    "no-number": (b"cpu", b"many"),  # the sync's script failed on it: degraded meanwhile
+    "huge-name": (HUGE, b"1"),  # read over the wire at every sync
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FOREIGN_INFLIGHT))
+def test_foreign_inflight_counts_never_reach_routing(redis_server: RedisServer, kind: str) -> None:
+    """Another program on the same Redis, with a lease of its own, writes an in-flight
+    field no replica writes (a backend id is at most 63 bytes, a count a whole number
+    >= 0). Replica a ignores it, stays healthy, and still counts replica b's requests."""
+    backend, count = FOREIGN_INFLIGHT[kind]
+
+    async def scenario() -> None:
+        raw = aioredis.Redis.from_url(redis_server.url)
+        try:
+            async with replicas(redis_server, "a", "b") as (a, b):
+                await raw.hset(KEYS.leases, "evil", "99999999999999999")
+                await raw.hset(KEYS.inflight, b"evil|" + backend, count)
+                b.backend_started("gpu")
+                b.backend_started("gpu")
+                await until_async(lambda: a.inflight("gpu") == 2, "b's count", timeout=WAIT_S)
+                assert a.healthy, a.degraded_reason
+                assert a.inflight(backend.decode()) == (2 if backend == b"gpu" else 0)
+        finally:
+            await raw.aclose()
 
     asyncio.run(scenario())
