@@ -5,7 +5,8 @@ present but empty or blank, or several copies (or comma-separated values, as HTT
 repeated headers) that do not all name the same class, and the header's name spelled
 with `_` for `-`, are refused with `unknown_data_class` (`label_refused`), never read as
 "no label" and never "first copy wins". Labels compare as the policy engine compares
-them: surrounding whitespace stripped, lower case.
+them (`normalized`): surrounding spaces and tabs stripped, ASCII lower case; a latin-1
+NBSP or NEL byte around a class name is a look-alike, refused.
 
 What a client sends as a label or a model name is not logged: only a declared class or
 a configured model name is, and anything else is `UNKNOWN`. Error messages quote at most

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.policy.labels import normalized
 from gateway.policy.rules import EffectiveFallback, Scope
 from gateway.policy.types import BackendFacts, Decision, Refusal, TraceEntry, UnknownDataClass
 
@@ -131,7 +132,7 @@ class PolicySet:
         policy = self._by_tenant.get(tenant)
         if policy is None:
             return self._default_deny(tenant, model)
-        label = None if data_class is None else data_class.strip().lower()
+        label = None if data_class is None else normalized(data_class)
         default_rule = None
         if label is None:  # no label: the policy says what that means (default: unlabelled)
             label, default_rule = policy.default_for(tenant) or (None, None)

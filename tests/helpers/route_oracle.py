@@ -191,7 +191,8 @@ def label_of(headers: Sequence[tuple[str, str]], header: str) -> str | None:
     values = [v for k, v in headers if k.lower() == header.lower()]
     if not values:
         return None
-    labels = {part.strip().lower() for v in values for part in v.split(",")}
+    stripped = [part.strip(" \t") for v in values for part in v.split(",")]  # SP, HTAB only
+    labels = {p.lower() if p.isascii() else p for p in stripped}
     return labels.pop() if len(labels) == 1 and "" not in labels else ""
 
 

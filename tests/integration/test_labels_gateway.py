@@ -212,6 +212,21 @@ def test_a_look_alike_of_a_class_is_refused_never_read_as_no_label(
     assert served(hosted_sim) == 0 and served(private) == 0
 
 
+@pytest.mark.parametrize("label", ["\xa0phi", "phi\x85", "public\xa0", "\x85public"])
+def test_a_latin1_space_around_a_class_is_a_look_alike_never_that_class(
+    setup: Build, label: str
+) -> None:
+    # Raw bytes 0xa0 (NBSP) and 0x85 (NEL): HTTP allows them in a value (obs-text), but
+    # they are not its whitespace (SP, HTAB). Python's `str.strip()` took them for it,
+    # so `public\xa0` was `public` and fell back to hosted, `phi\x85` was `phi`, where
+    # their UTF-8 spellings were refused as the look-alikes they are.
+    gateway, private, hosted_sim = setup(private_up=False)
+    refused_label(chat(gateway, [label]))
+    assert served(hosted_sim) == 0 and served(private) == 0
+    assert chat(gateway, [" public\t"]).status_code == 200  # SP and HTAB are stripped
+    assert served(hosted_sim) == 1
+
+
 def test_default_data_class_makes_an_unlabelled_request_phi(setup: Build) -> None:
     gateway, _private, hosted_sim = setup(private_up=False, spec="  default_data_class: phi\n")
     with capture_logs() as logs:

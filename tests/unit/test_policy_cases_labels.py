@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.policy import BackendFacts, parse_policies
+from gateway.policy import BackendFacts, UnknownDataClass, parse_policies
 from gateway.policy.cases import parse_cases, run_cases
 from gateway.policy.labels import InvalidLabel, one_label
 
@@ -39,8 +39,8 @@ cases:
 """
 
 
-def run(label: str, expect: str) -> tuple[str, ...]:
-    policy_set = parse_policies([("p.yaml", POLICY)], BACKENDS)
+def run(label: str, expect: str, policy: str = POLICY) -> tuple[str, ...]:
+    policy_set = parse_policies([("p.yaml", policy)], BACKENDS)
     suites, errors = parse_cases("c.yaml", CASE.replace("LABEL", label).replace("EXPECT", expect))
     assert errors == []
     (result,) = run_cases(policy_set, suites).results
@@ -68,3 +68,23 @@ def test_values_that_disagree_or_a_blank_label_are_refused_as_at_the_gateway(
 ) -> None:
     assert gateway_reads(label) is None
     assert run(label, "{error: unknown_data_class, rules: [p/data_classes]}") == ()
+
+
+@pytest.mark.parametrize(
+    "label", ["\u212ahi", "\u3000phi", "phi\u2009", "\xa0phi", "phi\x85", "\x1fphi"]
+)
+def test_no_unicode_space_or_case_folding_makes_a_class(label: str) -> None:
+    # `policy test`, `policy explain` and the admin API read JSON or YAML strings: a
+    # Kelvin sign lower-cases to `k` (class `khi` here), Unicode spaces strip, under
+    # `str.lower()` and `str.strip()`. The gateway never folds them: nor may these.
+    policy = POLICY.replace("phi: {fallback", "khi: {}\n    phi: {fallback")
+    policy_set = parse_policies([("p.yaml", policy)], BACKENDS)
+    assert one_label([label]) == label
+    with pytest.raises(UnknownDataClass):
+        policy_set.decide("t", "m", label)
+    escaped = label.encode("unicode_escape").decode()  # a YAML double-quoted escape
+    assert run(escaped, "{error: unknown_data_class, rules: [p/data_classes]}", policy) == ()
+
+
+def test_spaces_and_tabs_around_a_class_are_stripped() -> None:
+    assert one_label([" \tPhI\t "]) == "phi"
