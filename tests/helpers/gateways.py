@@ -261,3 +261,12 @@ def lone_backend(capacity: int | None = None, **fields: Any) -> BackendState:
     for name, value in fields.items():
         setattr(backend_state, name, value)
     return backend_state
+
+
+def labelled_chat(gateway: Gateway, data_class: str | None = None) -> httpx.Response:
+    """A small chat for `m` as the gateway's tenant, labelled `data_class` if given."""
+    headers = dict(gateway.headers)
+    if data_class is not None:
+        headers["x-data-class"] = data_class
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)

@@ -27,6 +27,7 @@ __all__ = [
     "RawBackend",
     "completion_body",
     "completion_response",
+    "held_503",
     "json_answer",
     "sse_head",
 ]
@@ -94,6 +95,19 @@ def json_answer(
             await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
         head = b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
         writer.write(head % (status, len(body)) + body)
+        await writer.drain()
+        return False
+
+    return answer
+
+
+def held_503(release: threading.Event) -> Answer:
+    """A raw backend's answer: wait for `release` (30 s at most), then 503, so that the
+    request fails over to its next attempt."""
+
+    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
         await writer.drain()
         return False
 

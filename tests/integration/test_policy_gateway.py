@@ -6,7 +6,6 @@ LiteLLM (an OpenAI-shaped provider), so the fallback path runs for real without 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +24,12 @@ from tests.helpers.gateways import (
     backend,
     gateway_config,
     hosted_backend,
+    labelled_chat,
     readiness,
     served,
 )
 from tests.helpers.net import free_port
-from tests.helpers.raw_backend import Answer, Post, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend, held_503
 from tests.helpers.waiting import until
 
 POLICIES = """\
@@ -90,12 +90,7 @@ def setup(
     return build
 
 
-def chat(gateway: Gateway, data_class: str | None = None) -> httpx.Response:
-    headers = dict(gateway.headers)
-    if data_class is not None:
-        headers["x-data-class"] = data_class
-    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-    return httpx.post(f"{gateway.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+chat = labelled_chat
 
 
 def test_private_first_when_healthy(setup: Callable[..., tuple[Gateway, Sim, Sim]]) -> None:
@@ -199,19 +194,6 @@ def test_reload_swaps_atomically_and_keeps_the_last_good_set(
         if line.startswith("owngate_policy_reload_failures_total ")
     ]
     assert failures and float(failures[0].split()[1]) >= 1
-
-
-def held_503(release: threading.Event) -> Answer:
-    """A raw backend's answer: wait for `release` (30 s at most), then 503, so that the
-    request fails over to its next attempt."""
-
-    async def answer(writer: asyncio.StreamWriter, post: Post) -> bool:
-        await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
-        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
-        await writer.drain()
-        return False
-
-    return answer
 
 
 def test_a_failover_after_a_policy_reload_is_checked_against_the_new_set(

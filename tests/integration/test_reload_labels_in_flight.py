@@ -26,11 +26,11 @@ from tests.helpers.gateways import (
     Sim,
     backend,
     hosted_backend,
+    labelled_chat,
     served,
 )
-from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend, held_503
 from tests.helpers.waiting import until
-from tests.integration.test_policy_gateway import chat, held_503
 
 pytestmark = LITELLM_WARNINGS
 
@@ -87,7 +87,7 @@ def test_a_reload_narrowing_the_class_in_flight_reaches_no_hosted_backend(
     )
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:
-            answer = pool.submit(chat, gateway, label)
+            answer = pool.submit(labelled_chat, gateway, label)
             until(lambda: bool(private.posts), "the private attempt")
             write(policy, "2", **narrowed)
             until(
