@@ -10,12 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REDIS_DEFAULT_PORT = 6379  # never handed out: a developer's own redis-server may be on it
-# Under pytest-xdist (`make test`), each worker hands out ports from a slice of its own of
-# [WORKER_PORTS_LOW, the kernel's ephemeral range): a port is picked, released, and bound
-# again by the server a test starts a moment later, and in that moment another worker's
-# bind(0) or connect() could take it from the kernel's range (a gateway's readiness probe
-# then asked another test's server). Below that range the kernel hands out nothing, and no
-# two workers share a slice.
+# Ports are handed out from [WORKER_PORTS_LOW, the kernel's ephemeral range), in turn from
+# a random start; under pytest-xdist each worker from a slice of its own. A port is picked,
+# released, and bound again by the server a test starts a moment later (a subprocess: a
+# second or more on a busy machine), and in that moment a bind(0) or connect() could take
+# it from the kernel's range: another worker's, or, in one process, a server a thread of
+# the same run starts. The test's readiness probe then asked that other server (CI saw an
+# attest sidecar's port answer with a raw backend's 503). Below that range the kernel hands
+# out nothing, and no two workers share a slice.
 WORKER_PORTS_LOW = 10000
 _cycles: dict[tuple[int, int], Iterator[int]] = {}
 
@@ -30,12 +32,14 @@ def ephemeral_low() -> int:
 
 
 def worker_slice() -> range | None:
-    """This pytest-xdist worker's ports; None when not under xdist."""
+    """This process's ports: all below the kernel's range, or this pytest-xdist worker's
+    slice of them; None where the kernel's range leaves too few below it."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
-        return None
-    index, total = int(worker[2:]), int(count)
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit():
+        index, total = int(worker[2:]), int(count)
+    else:
+        index, total = 0, 1
     width = (ephemeral_low() - WORKER_PORTS_LOW) // max(total, 1)
     if index >= total or width < 100:
         return None

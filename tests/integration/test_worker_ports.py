@@ -1,6 +1,7 @@
-"""Under pytest-xdist each worker hands out ports of its own, outside the kernel's
-ephemeral range (tests/helpers/net.py): a port `free_port` picked and released could be
-taken by another worker's bind(0) or connect() before the test's server bound it."""
+"""Tests hand out ports outside the kernel's ephemeral range, and under pytest-xdist each
+worker ports of its own (tests/helpers/net.py): a port `free_port` picked and released
+could be taken by a bind(0) or connect() (another worker's, or a server of the same run)
+before the test's server bound it."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ def test_each_worker_hands_out_its_own_ports_below_the_kernels_range(
     assert len(set(ports)) == len(ports)  # in turn: none again soon
 
 
-def test_outside_xdist_the_kernel_picks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outside_xdist_ports_are_below_the_kernels_range_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One process's servers take ports from the kernel's range as well (a raw backend's
+    # bind(0)): a port picked there could be one by the time a slow subprocess binds it.
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    ports = [free_port(), *free_ports(3)]
-    assert all(port >= ephemeral_low() for port in ports)
+    ports = [free_port() for _ in range(40)] + free_ports(20)
+    assert all(WORKER_PORTS_LOW <= port < ephemeral_low() for port in ports)
+    assert len(set(ports)) == len(ports)  # in turn: none again soon
