@@ -62,7 +62,7 @@ from typing import Any, Final
 
 from gateway.api.labels import excerpt
 from gateway.errors import ErrorCode, GatewayError
-from gateway.upstream.openai_shapes import content_parts
+from gateway.upstream.openai_messages import content_parts
 
 __all__ = [
     "COMMON_FIELDS",

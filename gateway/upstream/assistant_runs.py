@@ -11,7 +11,7 @@ held the gateway's CPU 9 s; 16,000 messages of one, each after a system one, 58 
 8 MB body's 100,000 would hold it for most of an hour. `run_parts` counts them, all runs
 of the conversation together, generously (every part of a message, its own calls
 included, before each of its calls), for every provider; past `MAX_RUN_COMPARISONS`,
-`check_shapes` refuses the request (gateway/upstream/openai_shapes.py).
+`check_messages` refuses the request (gateway/upstream/openai_messages.py).
 """
 
 from __future__ import annotations

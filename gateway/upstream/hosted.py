@@ -41,6 +41,7 @@ from gateway.upstream.hosted_libraries import BOTO3_ROUTES
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.hosted_transport import Outbound, deadline_mover, watching
+from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
     aload_litellm,
@@ -54,7 +55,6 @@ from gateway.upstream.media_urls import (
     tenant_resolver,
 )
 from gateway.upstream.openai_request import request_params
-from gateway.upstream.openai_shapes import InvalidField
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.provider_regions import pinned_regions
 from gateway.upstream.text_client import lending

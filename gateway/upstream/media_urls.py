@@ -71,7 +71,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from gateway.media_hosts import is_public_address
-from gateway.upstream.openai_shapes import InvalidField, content_parts
+from gateway.upstream.invalid_field import InvalidField
+from gateway.upstream.openai_messages import content_parts
 
 __all__ = [
     "MAX_LOOKUPS",

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.upstream.openai_shapes import InvalidField, check_shapes
+from gateway.upstream.invalid_field import InvalidField
+from gateway.upstream.openai_shapes import check_shapes
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.schema_refs import check_schema_refs
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from gateway.upstream.openai_shapes import InvalidField
+from gateway.upstream.invalid_field import InvalidField
 
 __all__ = ["MAX_INLINED", "MAX_REF_DEPTH", "check_schema_refs"]
 

@@ -649,7 +649,7 @@ def test_litellm_local_rejection_keeps_a_safe_reason(env: Servers) -> None:
 def test_the_user_content_types_are_litellms(litellm: ModuleType) -> None:
     from litellm.types.llms.openai import ValidUserMessageContentTypes
 
-    from gateway.upstream.openai_shapes import USER_CONTENT_TYPES
+    from gateway.upstream.openai_messages import USER_CONTENT_TYPES
 
     assert set(ValidUserMessageContentTypes) == USER_CONTENT_TYPES
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_request import request_params
-from gateway.upstream.openai_shapes import InvalidField
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_request import request_params
-from gateway.upstream.openai_shapes import InvalidField
 from tests.helpers.hosted_shapes import CALL, CANARY, USER, VALID_CHAT, chat, mutated, user
 
 PARAMETERS = "tools[0].function.parameters"

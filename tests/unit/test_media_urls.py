@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 
 from gateway.upstream import media_urls
+from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.media_urls import (
     MAX_URLS,
     check_embedding_input,
     check_media_urls,
 )
-from gateway.upstream.openai_shapes import InvalidField, check_shapes
+from gateway.upstream.openai_shapes import check_shapes
 
 HOSTS = {
     "images.example": ["93.184.216.34"],

@@ -2,7 +2,7 @@
 bounded before they run: JSON Schema `$ref`s (gateway/upstream/schema_refs.py; its
 Gemini, Vertex AI and Bedrock adapters copy each referenced definition in, unbounded, so
 definitions that each refer to the next twice expanded to 2**n copies) and tool results
-times the calls they are searched among (gateway/upstream/openai_shapes.py)."""
+times the calls they are searched among (gateway/upstream/openai_messages.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from gateway.upstream.invalid_field import InvalidField
+from gateway.upstream.openai_messages import MAX_SYSTEM_MOVES, MAX_TOOL_LOOKUPS
 from gateway.upstream.openai_request import request_params
-from gateway.upstream.openai_shapes import MAX_SYSTEM_MOVES, MAX_TOOL_LOOKUPS, InvalidField
 from gateway.upstream.schema_refs import MAX_INLINED, MAX_REF_DEPTH, check_schema_refs
 
 MESSAGES = [{"role": "user", "content": "hi"}]
