@@ -30,7 +30,9 @@ from gateway.api.proxy import Proxy
 from gateway.api.recorder import Recorder
 from gateway.api.recorder_log import asks_new_log_origin
 from gateway.api.reload import ConfigReloader
-from gateway.config.loader import ConfigError, ConfigIssue, load_config_text, unquoted
+from gateway.config.env_refs import unquoted
+from gateway.config.issues import ConfigError, ConfigIssue
+from gateway.config.loader import load_config_text
 from gateway.config.schema import GatewaySettings, StateSettings
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies

@@ -14,7 +14,7 @@ policy's `max_days`), so each YAML node must read as what it looks like:
   (`allow: ["\\x2a"]` is `allow: ["*"]`, a tenant written `"\\x61cme"` is found by no
   `grep acme`); the character itself is what to write.
 
-The loaders (`gateway.config.loader`, `gateway.policy.source`) walk the composed nodes
+The loaders (`gateway.config.yaml_nodes`, `gateway.policy.source`) walk the composed nodes
 themselves (they record paths and lines, and differ on aliases and `${ENV}`) and ask this
 module about each node.
 """

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from gateway.config.loader import ConfigIssue
+from gateway.config.issues import ConfigIssue
 from gateway.config.schema import GatewaySettings
 from gateway.confined_reads import within
 from gateway.policy.source import discover

@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.api.reload_parts import Adjusted, adjustable, put_back, replaced_backends, retire
 from gateway.api.reload_pins import ADMIN_RESTART_ONLY, RESTART_ONLY, changes, pin_restart_only
-from gateway.config.loader import ConfigError, load_config_file, unquoted
+from gateway.config.env_refs import unquoted
+from gateway.config.issues import ConfigError
+from gateway.config.loader import load_config_file
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError

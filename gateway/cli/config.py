@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from gateway.config.loader import unquoted
+    from gateway.config.env_refs import unquoted
     from gateway.validation import validate
 
     if args.workers < 1:

@@ -163,7 +163,7 @@ def _serve(
     from gateway.api.fleet import FleetMetrics
     from gateway.api.recorder_log import NEW_LOG_ORIGIN_ENV
     from gateway.app import AssemblyError, create_app
-    from gateway.config.loader import unquoted
+    from gateway.config.env_refs import unquoted
     from gateway.serving import (
         STARTUP_FAILURE,
         DrainingServer,

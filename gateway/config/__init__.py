@@ -1,6 +1,7 @@
 """Typed, strict loading of `gateway.yaml`."""
 
-from gateway.config.loader import ConfigError, ConfigIssue, load_config, parse_config
+from gateway.config.issues import ConfigError, ConfigIssue
+from gateway.config.loader import load_config, parse_config
 from gateway.config.schema import (
     BackendKind,
     BackendSettings,

@@ -21,7 +21,7 @@ from gateway.admin import candidate_files
 from gateway.admin.control import AdminControl
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
-from gateway.config.loader import ConfigIssue
+from gateway.config.issues import ConfigIssue
 from gateway.provenance.keys import load_signer, write_signing_key
 from gateway.small_files import read_small_file
 from tests.helpers.gateways import backend

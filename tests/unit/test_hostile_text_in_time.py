@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gateway.config.loader import referenced_variables
+from gateway.config.env_refs import referenced_variables
 from gateway.provenance.formats.stream_body import committed_bodies
 from gateway.routing.prometheus import parse_metrics
 
@@ -81,8 +81,8 @@ def test_a_config_of_unclosed_references_is_read_in_time() -> None:
     # validation thread held the interpreter, and so the gateway's event loop, for hours).
     text = ("y: ${B}\nx: " + "${a:-" * 50_000).encode()
     script = (
-        "import sys; from gateway.config.loader import referenced_variables as r, "
-        "_interpolate as i\n"
+        "import sys; from gateway.config.env_refs import referenced_variables as r, "
+        "interpolate as i\n"
         "t = sys.stdin.read(); print(sorted(r(t)), len(i(t, (), 1, [], {})))"
     )
     assert _run(script, text) == f"['B'] {len(text) - len('${B}')}"

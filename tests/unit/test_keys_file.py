@@ -22,7 +22,7 @@ import yaml
 
 from gateway import keys_file
 from gateway.cli.main import main
-from gateway.config.loader import ConfigError, load_config
+from gateway.config import ConfigError, load_config
 from gateway.tenants import add_key_hash, hash_api_key, read_keys_file, remove_key_hash
 from tests.helpers.gateways import backend
 

@@ -285,7 +285,7 @@ def test_a_bidirectional_control_is_an_error() -> None:
 
 def test_gateway_yaml_refuses_a_hidden_line_break_too() -> None:
     """gateway.yaml declares the facts policies judge (`region`): the same trap."""
-    from gateway.config.loader import ConfigError, parse_config
+    from gateway.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match="U\\+2028 LINE SEPARATOR") as caught:
         parse_config("listen: {port: 8080}  # a comment\u2028backends: []\n", source="gw.yaml")
@@ -320,7 +320,7 @@ def test_a_fact_written_inside_evidence_is_an_error_not_text(written: str, key: 
     """`evidence: >` runs on over the lines below it: read as a declared fact in a review,
     it was text, and the backend declared the default (`training: false`), admitted by
     policies that exclude training providers."""
-    from gateway.config.loader import ConfigError, parse_config
+    from gateway.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match=f"evidence holds '{key}:'") as caught:
         parse_config(GATEWAY.format(written=written), source="gw.yaml")
