@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.cli.audit_flags import usage
+from gateway.cli.audit_open import add_open
 from gateway.cli.audit_proof import add_proof
 from gateway.cli.audit_prove import add_prove
-from gateway.cli.audit_receipt import add_open, add_receipt
+from gateway.cli.audit_receipt import add_receipt
 from gateway.cli.audit_report import add_report
 from gateway.cli.audit_show import add_show
 from gateway.cli.audit_verify import add_verify

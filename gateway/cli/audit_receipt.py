@@ -1,5 +1,5 @@
-"""`owngate audit receipt verify` and `owngate audit open`: a client's receipt, and the
-commitments it opens."""
+"""`owngate audit receipt verify`: a client's receipt, checked alone, against the log, and
+with the backend's countersignature (`owngate audit open` is gateway/cli/audit_open.py)."""
 
 from __future__ import annotations
 
@@ -23,30 +23,29 @@ from gateway.provenance import (
     receipt_version,
     verify_receipt,
 )
-from gateway.provenance.audit.body_file import BodyFile, read_body_file
+from gateway.provenance.audit.body_file import read_body_file
 from gateway.provenance.audit.pinned import check_pinned
 from gateway.provenance.audit.receipt import (
     check_countersignature_in_log,
     check_receipt_in_log,
-    check_stream_end,
     completion_that_sent_nothing,
     read_receipt,
-    receipt_commitment,
+    uncountersigned_error,
 )
 from gateway.provenance.audit.receipt_keys import check_receipt_key, check_receipt_log_key
 from gateway.provenance.audit.shown import shown
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.attestation import receipt_countersignature
-from gateway.provenance.formats.commitments import BodyKind, commit_digest, verify_digest
+from gateway.provenance.formats.commitments import commit_digest, verify_digest
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipts import countersignature_of
 from gateway.provenance.formats.records import parse_record
-from gateway.provenance.formats.stream_body import committed_bodies, countersigned_body
+from gateway.provenance.formats.stream_body import countersigned_body
 
-__all__ = ["add_open", "add_receipt"]
+__all__ = ["add_receipt", "carries_countersignature"]
 
 
-def _carries_countersignature(envelope: bytes) -> bool:
+def carries_countersignature(envelope: bytes) -> bool:
     try:
         return countersignature_of(envelope) is not None
     except MalformedError:
@@ -72,7 +71,8 @@ def add_receipt(verbs: Any) -> None:
         default=None,
         metavar="ID=VKEY",
         help="an attested backend's key: a receipt naming backend ID must carry its valid "
-        "countersignature for this request (env OWNGATE_AUDIT_BACKEND_KEY)",
+        "countersignature for this request, unless --log's completion of it is an error "
+        "answer, which none is (env OWNGATE_AUDIT_BACKEND_KEY)",
     )
     verify.add_argument(
         "--backend-pin",
@@ -136,7 +136,13 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             "must be signed by the key that signed the receipt)"
         )
     attested = backend_keys(args.backend_key or args._backend_key_defaults, keys)
-    statement = receipt_countersignature(envelope, receipt, attested)
+    # No answer of 400 or more is countersigned: with --log, the completion says which.
+    bare = (
+        args.log is not None
+        and receipt.backend in attested
+        and countersignature_of(envelope) is None
+    )
+    statement = None if bare else receipt_countersignature(envelope, receipt, attested)
     if attested and receipt.backend not in attested:
         # A key for another backend checks nothing here: say so, as `audit verify` does
         # for a key under an id its log never dispatched to.
@@ -145,17 +151,21 @@ def _receipt_verify(args: argparse.Namespace) -> int:
             f"for which no --backend-key is given ({', '.join(map(shown, sorted(attested)))}"
             " given): its answer is the gateway's word alone"
         )
-    if statement is None and _carries_countersignature(envelope):
+    if statement is None and carries_countersignature(envelope):
         print(
             f"note: the receipt carries a countersignature, not checked: give --backend-key "
             f"{shown(receipt.backend)}=VKEY (the backend's sidecar key) to check it; until then "
             "this receipt is the gateway's word alone"
         )
-    if (args.request_body or args.response_body) and statement is None:
+    if (args.request_body or args.response_body) and statement is None and not bare:
         print(
             "error: --request-body and --response-body check the backend's countersignature: "
-            f"give --backend-key {shown(receipt.backend) or '(none: a refusal)'}=VKEY (for the "
-            "log's own commitments: owngate audit open --receipt --log)",
+            + (
+                f"give --backend-key {shown(receipt.backend)}=VKEY "
+                if receipt.backend
+                else "a refusal has none "
+            )
+            + "(for the log's own commitments: owngate audit open --receipt --log)",
             file=sys.stderr,
         )
         return 2
@@ -233,165 +243,22 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     if statement is not None:
         index = check_countersignature_in_log(log, receipt, statement, inclusion)
         print(f"ok: entry {index}, its completion, recorded this countersignature")
+    if bare:
+        index, status = uncountersigned_error(log, receipt, inclusion)
+        print(
+            f"ok: entry {index}, its completion, says status {status}: an error answer, "
+            "which no backend countersigns (the gateway's word alone)"
+        )
+        if args.request_body or args.response_body:
+            print(
+                "error: --request-body and --response-body check the backend's "
+                "countersignature, and the receipt carries none (for the log's own "
+                "commitments: owngate audit open --receipt --log)",
+                file=sys.stderr,
+            )
+            return 2
     return 0
 
 
 def _keys(verifiers: list[Verifier]) -> str:
     return ", ".join(f"the key {shown(str(verifier))}" for verifier in verifiers)
-
-
-# Which bytes of a response file a commitment may be to (docs/provenance.md, "The body a
-# client commits to"): all of them; a stream as received less the gateway's own tail (its
-# receipt line, and the line end or error event it may write before it); or an answer
-# the backend countersigned, less the receipt line alone.
-FORMS = ("exact", "stream", "countersigned")
-
-
-def add_open(verbs: Any) -> None:
-    opener = verbs.add_parser(
-        "open",
-        help="show that a body file and salt match a commitment",
-        description="Recompute SHA-256(domain || salt || SHA-256(body)) and compare it with "
-        "a commitment, given directly or read from the log via a receipt. A response body "
-        "opened with --salt/--commitment needs --form: which of its bytes the commitment "
-        "is to (with --receipt the log says). The result names the bytes that opened it.",
-    )
-    opener.add_argument(
-        "body",
-        help="the request or response body file, as sent/received (a stream as received: "
-        "with --form stream the gateway's receipt line and what it wrote before it are "
-        "taken off; with --form countersigned only the receipt line)",
-    )
-    opener.add_argument(
-        "--kind",
-        choices=("request", "response"),
-        default=env("KIND", "request"),
-        help="which body this is (env OWNGATE_AUDIT_KIND, default request)",
-    )
-    opener.add_argument(
-        "--form",
-        default=env("FORM"),
-        metavar="|".join(FORMS),
-        help="which bytes of a response file the commitment is to, with --salt/--commitment "
-        "(required there for --kind response): exact, all of them (a whole answer, or a "
-        "stream with the gateway's tail already taken off); stream, a stream as received "
-        "less the gateway's own tail; countersigned, an answer the backend countersigned, "
-        "less the receipt line alone. A request is always exact. (env OWNGATE_AUDIT_FORM)",
-    )
-    opener.add_argument("--salt", default=env("SALT"), help="salt, hex (env OWNGATE_AUDIT_SALT)")
-    opener.add_argument(
-        "--commitment", default=env("COMMITMENT"), help="hex (env OWNGATE_AUDIT_COMMITMENT)"
-    )
-    opener.add_argument(
-        "--receipt",
-        default=env("RECEIPT"),
-        help="take the salt from this receipt and the commitment from --log "
-        "(env OWNGATE_AUDIT_RECEIPT)",
-    )
-    opener.add_argument("--log", default=env("LOG"), help="log directory (env OWNGATE_AUDIT_LOG)")
-    key_flag(opener, required=False)
-    max_checkpoints_flag(
-        opener, "the --log's checkpoints/ (scanned for the one covering the receipt's entry)"
-    )
-    opener.set_defaults(handler=guarded(_open))
-
-
-def _form_problem(args: argparse.Namespace) -> str | None:
-    """Why `--form` (given or not) cannot say which bytes to open, or None."""
-    if args.form is not None and args.form not in FORMS:
-        return f"--form is one of {', '.join(FORMS)}, not {shown(args.form)}"
-    if args.receipt is not None and args.form is not None:
-        return (
-            "--form goes with --salt/--commitment: with --receipt the log says which bytes "
-            "the commitment is to (all of a request; of a response, a stream less the "
-            "gateway's tail, or less its receipt line alone when countersigned)"
-        )
-    if args.kind == "request" and args.form not in (None, "exact"):
-        return "a request commitment is to the body as sent, all of it: --form exact"
-    if args.kind == "response" and args.receipt is None and args.form is None:
-        return (
-            "give --form exact|stream|countersigned with --kind response: which bytes of "
-            f"{shown(args.body)} the commitment is to (exact: all of them; stream: a stream "
-            "as received less the gateway's receipt line and what it wrote before it; "
-            "countersigned: less the receipt line alone), or --receipt and --log"
-        )
-    return None
-
-
-def _open(args: argparse.Namespace) -> int:
-    problem = _form_problem(args)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    body = read_body_file(args.body)  # hashed in chunks as it is read, never held whole
-    salt_hex, commitment = args.salt, args.commitment
-    form = args.form or "exact"
-    logged = None
-    if args.receipt is not None:
-        if args.log is None or not (args.key or args._key_defaults):
-            print("error: --receipt needs --log and --key", file=sys.stderr)
-            return 2
-        envelope = read_receipt(args.receipt)
-        receipt = verify_receipt(envelope, trusted_keys(args))
-        # as `receipt verify`: a key named for the log, the log's key when the entry was written
-        check_receipt_log_key(envelope, receipt, trusted_keys(args))
-        log = LogDirectory(args.log)
-        check_receipt_key(log, envelope, receipt, trusted_keys(args), args.max_checkpoints)
-        salts = receipt.salts
-        salt_hex = (salts.request if args.kind == "request" else salts.response).hex()
-        logged = receipt_commitment(log, receipt, args.kind, trusted_keys(args))
-        commitment = logged.commitment
-        # A countersigned answer is whole: the log's completion says so, or the receipt
-        # carries a countersignature; any other response is a stream less the gateway's tail.
-        whole = logged.countersigned or _carries_countersignature(envelope)
-        form = "exact" if args.kind == "request" else "countersigned" if whole else "stream"
-    if salt_hex is None or commitment is None:
-        print("error: give --salt and --commitment, or --receipt and --log", file=sys.stderr)
-        return 2
-    salt = bytes.fromhex(salt_hex)
-    commitment = commitment.strip().lower()
-    kind: BodyKind = "request" if args.kind == "request" else "response"
-    candidates = _candidates(body.tail, form)
-    opened = next(
-        (c for c in candidates if commit_digest(kind, salt, body.sha256(c)) == commitment), None
-    )
-    if opened is None:  # the first is the likeliest: name what it commits to
-        verify_digest(kind, commitment, salt, body.sha256(candidates[0]))  # raises
-        raise AssertionError("a candidate that opens was missed")  # pragma: no cover
-    if logged is not None and form == "stream":  # the error event taken off: the record's?
-        check_stream_end(logged, body.tail, opened)
-    print(
-        f"ok: {shown(args.body)} with this salt opens the {args.kind} commitment "
-        f"{shown(commitment)}: form {form}, {_which_bytes(body, opened)}"
-    )
-    return 0
-
-
-def _candidates(received: bytes, form: str) -> tuple[bytes, ...]:
-    """The bytes of `received` a commitment in `form` may be to: exact, all of them;
-    stream, `committed_bodies` (the received bytes less a tail of what the gateway may
-    have written after the backend's); countersigned, `countersigned_body` (less its
-    receipt line alone)."""
-    if form == "stream":
-        return committed_bodies(received)
-    if form == "countersigned":
-        return (countersigned_body(received),)
-    return (received,)
-
-
-def _which_bytes(body: BodyFile, opened: bytes) -> str:
-    """Which bytes of the file the commitment is to, said plainly: all of them, or the
-    first N and what of the gateway's was taken off after them (`opened`: a prefix of
-    the file's tail)."""
-    if opened == body.tail:
-        return f"all {body.size} bytes of it"
-    tail = body.tail[len(opened) :]
-    before = tail[: tail.rfind(b": owngate-receipt ")]
-    event = before.find(b'data: {"error":')
-    ends = len(before if event < 0 else before[:event])
-    parts = [f"{ends} line end{'s' if ends > 1 else ''}"] if ends else []
-    parts += ["its error event"] if event >= 0 else []
-    return (
-        f"its first {body.length(opened)} of {body.size} bytes (taken off after them, the "
-        f"gateway's own: {', '.join([*parts, 'its receipt line'])})"
-    )

@@ -12,7 +12,9 @@ from records so proved, and whether the answer was countersigned (`owngate audit
 --receipt`), `check_stream_end` that an error event taken off a stream to open it is the
 gateway's, on a stream its record says broke off; `check_countersignature_in_log`
 that the backend's countersignature a receipt carries is the one the log recorded for
-its answer; `read_receipt` reads a receipt file within verify_receipt's cap.
+its answer, `uncountersigned_error` that a receipt of an attested backend carrying none
+is of an error answer, which no backend countersigns; `read_receipt` reads a receipt
+file within verify_receipt's cap.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from gateway.errors import ErrorCode
 from gateway.provenance.audit.pinned import sent_nothing
 from gateway.provenance.audit.reader import LogDirectory
-from gateway.provenance.errors import LogVerificationError
+from gateway.provenance.errors import LogVerificationError, SignatureError
 from gateway.provenance.formats.attestation import Statement, statement_of_records
 from gateway.provenance.formats.checkpoint import open_checkpoint
 from gateway.provenance.formats.merkle import inclusion_proof, leaf_hash, verify_inclusion
@@ -46,6 +48,7 @@ __all__ = [
     "completion_that_sent_nothing",
     "read_receipt",
     "receipt_commitment",
+    "uncountersigned_error",
 ]
 
 
@@ -207,6 +210,37 @@ def check_countersignature_in_log(
         f"the log holds no completion of entry {receipt.index} that accepted the receipt's "
         f"countersignature (counter {statement.counter}): the log says the backend "
         "countersigned another answer, or none"
+    )
+
+
+def uncountersigned_error(
+    log: LogDirectory, receipt: Receipt, proved: ReceiptInclusion
+) -> tuple[int, int]:
+    """The index and status of the completion of the receipt's dispatch, proved in the
+    same checkpoint, for a receipt of an attested backend that carries no
+    countersignature: only answers below 400 are countersigned, so one of an error status
+    that accepted none needs none (as `audit verify --backend-key` holds it). Raise
+    otherwise: an answer below 400, or one whose countersignature the log accepted and
+    the receipt lacks, or no completion yet."""
+    dispatch = parse_record(proved.entry)
+    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
+    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
+        if record.type != "completion" or record.data["dispatch"] != link:
+            continue
+        status = record.data["status"]
+        if status < 400 or statement_of_records(dispatch.data, record.data) is not None:
+            raise SignatureError(
+                f"backend {receipt.backend} is attested, but the receipt carries no "
+                f"countersignature (entry {index}, its completion, says status {status}"
+                + (")" if status < 400 else " and holds an accepted one)")
+            )
+        _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
+        return index, status
+    raise LogVerificationError(
+        f"backend {receipt.backend} is attested, but the receipt carries no countersignature, "
+        f"and the log's checkpoint of size {proved.size} holds no completion of entry "
+        f"{receipt.index} yet to say the answer was an error (verify again after the next "
+        "checkpoint)"
     )
 
 
