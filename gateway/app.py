@@ -212,10 +212,10 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
         )  # the same settings with new certificate files on disk: a new pool
         if old is not None and old.config == state.config and same_tls:
             old.breaker.settings = state.breaker.settings  # routing.breaker may have changed
-            if old.pool is not None and state.pool is not None:
+            if old.share is not None and state.share is not None:
                 # a tenant's share depends on how many tenants the config has, not on
                 # the backend's settings: a reload adding one bounds them from now on
-                old.pool.share.cap = state.pool.share.cap
+                old.share.cap = state.share.cap
             kept[backend_id] = old
     if not kept:
         return

@@ -59,6 +59,7 @@ from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
 from gateway.admin.timeline import Timeline
 from gateway.admin.timelines import router as timelines_router
+from gateway.admin.work import AdminWork, in_thread
 from gateway.api.admin import status_report
 from gateway.config.schema import GatewaySettings
 from gateway.errors import ErrorCode, GatewayError
@@ -84,6 +85,7 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     # One client YAML parsed at a time (config/validate, policies/test): seconds of CPU
     # each in a worker thread, which takes the GIL from the loop serving tenants.
     app.state.parse_lock = asyncio.Lock()
+    app.state.work = AdminWork()  # the heavy work's own threads, bounded (work.py)
     settings = control.runtime.config.admin
     app.state.timeline = Timeline(
         control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
@@ -101,6 +103,7 @@ async def _sampling(app: FastAPI) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        app.state.work.shutdown()
 
 
 def openapi_schema() -> dict[str, Any]:
@@ -226,7 +229,7 @@ async def validate_config(
             ErrorCode.invalid_request, f"yaml is over {MAX_CANDIDATE_BYTES} bytes", param="yaml"
         )
     async with request.app.state.parse_lock:
-        problems = await asyncio.to_thread(control.validate, body.yaml)
+        problems = await in_thread(request, caller, control.validate, body.yaml)
     return ConfigValidation(valid=not problems, problems=problems)
 
 

@@ -12,7 +12,6 @@ newest name without keeping a listing (it grows with the log's age).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pydantic import BaseModel, Field
 
 from gateway.admin.auth import Caller, require
 from gateway.admin.tiles import log_dir
+from gateway.admin.work import in_thread
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import ProvenanceError, Verifier, open_checkpoint
@@ -71,7 +71,7 @@ async def cosignatures(
     reported: dict[str, int | None] = {}
     if runtime.cosigning is not None:
         reported = {w.name: w.cosigned_size for w in runtime.cosigning.witnesses}
-    found = await asyncio.to_thread(_read, directory, recorder.verifiers, keys, reported)
+    found = await in_thread(request, caller, _read, directory, recorder.verifiers, keys, reported)
     return Cosignatures.model_validate(found)
 
 

@@ -10,13 +10,13 @@ cases decided off the event loop.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.work import in_thread
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy.cases import TestReport, default_case_paths, load_cases, parse_cases, run_cases
@@ -64,7 +64,7 @@ async def test_policies(
             param="cases_yaml",
         )
     async with request.app.state.parse_lock:  # one at a time (gateway/admin/app.py)
-        report = await asyncio.to_thread(_run, runtime, text)
+        report = await in_thread(request, caller, _run, runtime, text)
     return CasesReport(
         passed=not report.failed,
         total=len(report.results),

@@ -18,7 +18,6 @@ and the problem), not an error. Runs in a worker thread: the proof reads tiles f
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
@@ -30,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admin.auth import Caller, require
 from gateway.admin.tiles import log_dir, log_problem
+from gateway.admin.work import in_thread
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import (
@@ -94,7 +94,7 @@ async def verify(
             return ReceiptVerdict.model_validate(_refused(str(exc)))
     # the keys a rotation retired too: the receipts they signed before it still verify
     keys = [*recorder.verifiers, *recorder.retired_verifiers]
-    verdict = await asyncio.to_thread(_check, envelope, LogDirectory(directory), keys)
+    verdict = await in_thread(request, caller, _check, envelope, LogDirectory(directory), keys)
     return ReceiptVerdict.model_validate(verdict)
 
 

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -29,6 +30,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from gateway.admin.auth import Caller, require
 from gateway.admin.tiles import log_dir
+from gateway.admin.work import in_thread
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.audit.reader import READINGS, log_state
@@ -84,10 +86,10 @@ async def report(
     format: Annotated[Literal["json", "html"], Query()] = "json",
 ) -> Response:
     async with scanning(request):  # before anything else: past the bound, 429 at once
-        return await _report(request, format)
+        return await _report(request, caller, format)
 
 
-async def _report(request: Request, format: str) -> Response:
+async def _report(request: Request, caller: Caller, format: str) -> Response:
     runtime: Runtime = request.app.state.control.runtime
     directory = log_dir(request)  # 404 without a log
     recorder = runtime.parts.recorder
@@ -105,7 +107,7 @@ async def _report(request: Request, format: str) -> Response:
 
     async def reading() -> dict[str, Any]:
         await log.exports_idle()  # start between two checkpoints where one can
-        found: dict[str, Any] = await asyncio.to_thread(
+        scan = partial(
             audit_report,
             directory,
             verifiers,
@@ -114,11 +116,12 @@ async def _report(request: Request, format: str) -> Response:
             accept_earlier_keys=True,
             now=time.time(),
         )
+        found: dict[str, Any] = await in_thread(request, caller, scan)
         return found
 
-    result = await read_live(reading, lambda: asyncio.to_thread(log_state, directory))
+    result = await read_live(reading, lambda: in_thread(request, caller, log_state, directory))
     if format == "html":
-        html = await asyncio.to_thread(render_html, result)
+        html = await in_thread(request, caller, render_html, result)
         return Response(
             html,
             media_type="text/html; charset=utf-8",

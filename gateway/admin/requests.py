@@ -13,7 +13,6 @@ scan at a time with the audit report's (report.py `scanning`; past its waiting b
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +22,7 @@ from pydantic import BaseModel, Field
 from gateway.admin.auth import Caller, require
 from gateway.admin.report import scanning
 from gateway.admin.tiles import log_dir, log_problem
+from gateway.admin.work import in_thread
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import LogDirectory, ProvenanceError, TlogProof
 from gateway.provenance.formats.merkle import inclusion_proof
@@ -54,7 +54,7 @@ async def request_records(
     if not REQUEST_ID.match(request_id):  # the form a record's request_id has
         raise GatewayError(ErrorCode.not_found, "not a request id")
     async with scanning(request):  # one log scan at a time, as a report
-        return await asyncio.to_thread(_records, log_dir(request), request_id)
+        return await in_thread(request, caller, _records, log_dir(request), request_id)
 
 
 def _records(directory: Path, request_id: str) -> RequestRecords:

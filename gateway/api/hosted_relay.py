@@ -16,17 +16,17 @@ once LiteLLM has read it.
 A provider has circuit breakers as a private backend has (gateway/routing/attempt.py,
 the same classes and `routing.breaker` settings; with several tenants, per tenant too):
 the plan admits the attempt by them before its dispatch record (one not admitted is
-skipped, not dispatched), and it is judged only by what the provider did
-(`_judge`). Its failures: no connection (refused, TLS), a timeout, a 5xx (an error
-object in a 200 answer with a 5xx code too), a protocol failure, a stream that broke
-off; each charged to the tenant too (with several tenants configured, the provider's
-breaker opens once a run of them holds two tenants' failures). Not failures, and no
-verdict: a 429 (the provider is up and rate-limits: the next request may go, its breaker
-does not keep requests away), a 400, 413 or 422 (the client's, whether the provider
-answered it or LiteLLM refused to send it), 401, 403, 404, a redirect, a failure before
-anything was sent (`untranslated`: the next backend is tried, and the client gets its
-400 only if none serves), and the gateway's own limits (answer budget, size,
-`limits.stream_timeout_s`). A real answer closes the breakers.
+skipped, not dispatched), and it is judged only by what the provider did (`judge`,
+gateway/api/hosted_failures.py). Its failures: no connection (refused, TLS), a timeout,
+a 5xx (an error object in a 200 answer with a 5xx code too), a protocol failure, a
+stream that broke off; each charged to the tenant too (with several tenants configured,
+the provider's breaker opens once a run of them holds two tenants' failures). Not
+failures, and no verdict: a 429 (the provider is up and rate-limits: the next request
+may go, its breaker does not keep requests away), a 400, 413 or 422 (the client's,
+whether the provider answered it or LiteLLM refused to send it), 401, 403, 404, a
+redirect, a failure before anything was sent (`untranslated`: the next backend is tried,
+and the client gets its 400 only if none serves), and the gateway's own limits (answer
+budget, size, `limits.stream_timeout_s`). A real answer closes the breakers.
 
 LiteLLM failing to load (`HostedUnavailable`, in `prepare`: before the dispatch record)
 is the gateway's own failure and no provider's: no verdict, counted as
@@ -36,6 +36,13 @@ would fail the same way); a private one may still serve. The attempt has no reco
 nothing was dispatched, the client gets 503 `backend_unavailable` naming the backends
 "hosted provider unavailable", with a refusal record (`owngate/hosted_unavailable`).
 `owngate_hosted_attempts_total` counts only the calls made (`attempt`).
+
+A hosted backend's calls are held to each tenant's share of them, as a private pool's
+connections are (`limits.tenant_share_of_backend` of `max_connections_per_backend`;
+gateway/upstream/tenant_share.py): every tenant shares LiteLLM's connector, and one
+tenant's unread streams could hold all its connections. A tenant at its share is `busy`
+on the backend before anything is sent (no verdict; it fails over, or gets 503), and an
+admitted call counts until its answer was relayed or abandoned.
 
 Every tenant shares the provider account: `prompt_cache_key`, `user` and
 `safety_identifier` are sent as the tenant's own, keyed digests of what the client wrote
@@ -59,6 +66,7 @@ from gateway.api.exchange import (
     send_relayed,
     send_whole,
 )
+from gateway.api.hosted_failures import judge, last_error, untranslated
 from gateway.api.hosted_signals import HostedSignals
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.stream_writes import break_stream, end_stream, start_stream
@@ -89,6 +97,7 @@ _CLIENT_ERRORS = frozenset({400, 413, 422})
 # error status. A timeout or a broken answer is charged: the provider may have read (and
 # be working on) the prompt.
 _NOT_SERVED: Final = frozenset({"untranslated", "connect", "exhausted", "status"})
+_PAST_SHARE: Final = "this tenant holds its share of the backend's calls"
 
 
 class NotSent(Exception):
@@ -190,9 +199,29 @@ class HostedRelay:
         """Serve the request `prepare` checked from `attempt`'s provider, or raise
         `TryNext` before any byte (its in-flight count is the plan's,
         gateway/routing/router.py). The plan admitted the attempt (its breakers) before
-        its dispatch record was written."""
+        its dispatch record was written. A tenant holding its share of the backend's
+        calls (`BackendState.calls`, gateway/upstream/tenant_share.py) is `busy` here,
+        before anything is sent, as at a private pool's share; a call admitted counts
+        until its answer was relayed or abandoned, whichever way this returns."""
         backend = attempt.backend
         exchange.backend = backend.id
+        calls, tenant = backend.calls, exchange.tenant
+        if calls is not None and not calls.hold(tenant):  # past its share: nothing sent
+            self._metrics.upstream_error(backend.id, "busy")
+            exchange.upstream_error = "busy"
+            attempt.upstream_failed("busy", _PAST_SHARE)  # the gateway's limit: no verdict
+            raise TryNext(f"{backend.id}: busy", busy=True)
+        try:
+            await self._call(exchange, attempt, prepared, send)
+        finally:  # answered, failed, cancelled or the client gone: the call is over
+            if calls is not None:
+                calls.release(tenant)
+
+    async def _call(
+        self, exchange: Exchange, attempt: Attempt, prepared: Prepared, send: Send
+    ) -> None:
+        """`attempt`'s call, held within its tenant's share of the backend's calls."""
+        backend = attempt.backend
         timeout = self._stream_timeout_s
         ends_by = None if timeout is None else asyncio.get_running_loop().time() + timeout
         self._metrics.hosted_attempt(backend.id)  # a call made (LiteLLM loaded in `prepare`)
@@ -209,13 +238,13 @@ class HostedRelay:
                 trail.offered = offered  # not sent, or an error status: not served
             if exc.kind == "untranslated":
                 self._signals.untranslated(backend.id, exc.error_class, _now())
-                raise _untranslated(backend.id, exc) from exc
+                raise untranslated(backend.id, exc) from exc
             if exc.kind == "too_large":  # as a private backend's: no failover, no breaker
                 self._metrics.upstream_error(backend.id, "too_large")
                 raise self._too_large() from exc
             if not client_error:  # the provider's failures, never a client's mistake
                 self._metrics.upstream_error(backend.id, exc.kind)
-            _judge(attempt, exc)
+            judge(attempt, exc)
             if client_error:
                 # The request itself is at fault (LiteLLM would not send it, or the
                 # provider refused it): the client's error, not another backend's job.
@@ -224,7 +253,7 @@ class HostedRelay:
                     sanitize_upstream_message(exc.public),  # names no provider
                     param=exc.param,
                 ) from exc
-            raise TryNext(f"{backend.id}: {exc.message}", _last_error(exc)) from exc
+            raise TryNext(f"{backend.id}: {exc.message}", last_error(exc)) from exc
         if not response.is_stream:
             attempt.succeeded()  # a whole answer: what the gateway does with it is its own
         if exchange.trail is not None:
@@ -327,47 +356,8 @@ class HostedRelay:
             await client.aclose()
 
 
-def _last_error(exc: HostedError) -> GatewayError | None:
-    """What the client sees if this failed call was the last attempt: 504 for a timeout,
-    as for a private backend (`last_error`, gateway/api/private_failures.py); None: 503
-    naming every failure (gateway/api/proxy.py)."""
-    if exc.kind != "timeout":
-        return None
-    return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")
-
-
-def _untranslated(backend: str, exc: HostedError) -> TryNext:
-    """LiteLLM failed before sending anything (`untranslated`): the client's request this
-    adapter cannot translate, or the gateway's own misconfiguration (a malformed
-    credential) failing the same way on every request. No verdict on the provider, so a
-    client's input never charges a breaker; counted as `kind="untranslated"` and logged
-    (`HostedSignals.untranslated`) so that a misconfigured backend shows; and the next
-    backend may serve. If none does, the client gets this 400 (a request every adapter
-    refuses is the client's)."""
-    message = sanitize_upstream_message(exc.public)  # names no provider
-    error = GatewayError(ErrorCode.upstream_bad_request, message, param=exc.param)
-    return TryNext(f"{backend}: {exc.message}", error)
-
-
 def _now() -> float:
     return asyncio.get_running_loop().time()
-
-
-def _judge(attempt: Attempt, exc: HostedError) -> None:
-    """Tell the attempt's breakers what `exc`, the provider call's failure, says of the
-    provider (see the module docstring): a connection failure, timeout, protocol failure
-    or 5xx is a failure charged to the tenant too; any other status is no verdict.
-
-    Unlike a private backend's, a hosted `connect` failure is not taken as one no tenant
-    can cause: some adapters fetch a content part's URL from the gateway before calling
-    the provider (LiteLLM's Bedrock image fetch lets the `httpx.ConnectError` through), so
-    a client naming a public host that refuses connections makes the call fail the
-    same way. One tenant's such failures open its own breaker, two tenants' the
-    provider's."""
-    if exc.kind not in ("status", "untranslated", "exhausted"):  # exhausted: the gateway's own
-        attempt.failed(f"{exc.kind}: {exc.message}")
-    elif exc.status is not None and exc.status >= 500:
-        attempt.failed(exc.message)
 
 
 def _taken(exchange: Exchange) -> None:

@@ -23,17 +23,17 @@ def adjustable(running: Assembly) -> Adjusted:
     """The settings of the running backends that assembling a new config adjusts in the
     backends it keeps (gateway/app.py `_keep_unchanged_backends`), as they are now."""
     return {
-        b: (b.breaker.settings, None if b.pool is None else b.pool.share.cap)
+        b: (b.breaker.settings, None if b.share is None else b.share.cap)
         for b in running.registry.backends.values()
     }
 
 
 def put_back(adjusted: Adjusted) -> None:
-    """The running backends' settings as `adjustable` kept them (breaker, connection share)."""
+    """The running backends' settings as `adjustable` kept them (breaker, tenant share)."""
     for backend, (settings, cap) in adjusted.items():
         backend.breaker.settings = settings
-        if backend.pool is not None:
-            backend.pool.share.cap = cap
+        if backend.share is not None:
+            backend.share.cap = cap
 
 
 def replaced_backends(old: Assembly, new: Assembly) -> list[BackendState]:

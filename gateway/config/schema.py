@@ -160,8 +160,8 @@ class LimitSettings(_Strict):
         default=0.5,
         gt=0,
         le=1,
-        description="the part of a private backend's connections one tenant may hold at "
-        "once (at least one) when more than one tenant is configured; 1: no share",
+        description="the part of a backend's connections (a hosted one's calls) one tenant "
+        "may hold at once (at least one) when more than one tenant is configured; 1: no share",
     )
     drain_timeout_s: float = Field(
         default=540.0, gt=0, description="on SIGTERM, how long open streams may finish"

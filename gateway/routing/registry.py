@@ -29,7 +29,7 @@ from gateway.routing.health import ProbeHealth
 from gateway.routing.tenant_breakers import TenantBreakers
 from gateway.upstream.http import HttpPool
 from gateway.upstream.sockets import BackendSockets
-from gateway.upstream.tenant_share import share_cap
+from gateway.upstream.tenant_share import TenantShare, share_cap
 from gateway.upstream.tls import BackendTLS, backend_tls
 
 __all__ = ["BackendState", "Registry", "Route"]
@@ -44,6 +44,8 @@ class BackendState:
     base_path: bytes
     auth_header: bytes | None
     tls: BackendTLS | None = None  # an https backend's CA, client certificate and pins
+    # A hosted backend's calls in flight per tenant, bounded by its share (tenant_share.py)
+    calls: TenantShare | None = None
     inflight: int = 0  # this gateway's requests to it now
     # Estimated prompt tokens of this gateway's requests to it that have no first byte
     # yet: the prefill work queued ahead of a new request (updated at dispatch and first
@@ -67,6 +69,11 @@ class BackendState:
 
     def __post_init__(self) -> None:
         self.id = self.config.id
+
+    @property
+    def share(self) -> TenantShare | None:
+        """Each tenant's share of it: its pool's connections, or a hosted backend's calls."""
+        return self.pool.share if self.pool is not None else self.calls
 
     @property
     def global_inflight(self) -> int:
@@ -299,6 +306,10 @@ def _backend_state(
     pool: HttpPool | None = None
     base_path = b""
     tls: BackendTLS | None = None
+    # A tenant's share of the backend: of a pool's connections, or of hosted calls.
+    cap = share_cap(
+        limits.max_connections_per_backend, limits.tenant_share_of_backend, tenants, *worker
+    )
     if backend.base_url is not None and backend.is_private:
         parts = urlsplit(backend.base_url)
         if parts.scheme == "https" and parts.hostname is not None:
@@ -314,12 +325,7 @@ def _backend_state(
             stream_timeout=limits.stream_timeout_s,
             tls=tls,
             sockets=sockets,
-            tenant_cap=share_cap(
-                limits.max_connections_per_backend,
-                limits.tenant_share_of_backend,
-                tenants,
-                *worker,
-            ),
+            tenant_cap=cap,
         )
     key = backend.api_key
     if backend.api_key_env is not None and backend.is_private:
@@ -339,5 +345,6 @@ def _backend_state(
         base_path=base_path,
         auth_header=auth,
         tls=tls,
+        calls=None if backend.is_private else TenantShare(cap),
         breaker=Breaker(backend.breaker or breaker),
     )

@@ -1,4 +1,5 @@
-"""Each tenant's share of one private backend's connections in use.
+"""Each tenant's share of one backend's connections in use: a private pool's, or a hosted
+backend's calls.
 
 A backend's pool (gateway/upstream/http.py) has `limits.max_connections_per_backend`
 connections, shared by every tenant. A stream holds its connection for as long as the
@@ -23,6 +24,18 @@ process lets it hold 2). Worker i of N now holds the tenant to its part of the s
 (`share_cap`'s `part`/`parts`: the share divided by N, rounded down, one more for the
 first `share % N`), so the parts sum to the share; a share smaller than N has no such
 split and is refused (`share_unsplittable`), at start and at a reload.
+
+A hosted backend's calls go through LiteLLM's aiohttp connector, whose pool (500
+connections per host, 1,000 in all) every tenant shares, and which holds a stream's
+connection as long as the provider streams or its client reads slowly: one tenant's
+unread hosted streams could hold all of it, and another tenant's call then waited for a
+connection until it timed out. Each hosted backend has a `TenantShare` of its calls
+(`BackendState.calls`) with the same cap as a private pool's (the share of
+`limits.max_connections_per_backend`, split over workers alike): a call counts for its
+tenant (`hold`) from when the hosted relay admits it, before anything is sent, until its
+answer was relayed or abandoned (`release`, in a `finally`: answered, failed, cancelled,
+client gone); past the share, the tenant's next hosted attempt on the backend is `busy`
+at once (gateway/api/hosted_relay.py).
 """
 
 from __future__ import annotations
@@ -113,6 +126,20 @@ class TenantShare:
             raise
         conn.holder = tenant
         return conn
+
+    def hold(self, tenant: str) -> bool:
+        """Count one more hosted call of `tenant`'s, or False with nothing counted when
+        it holds its share already. Counted whatever the cap (a reload may set one while
+        calls run): each True is matched by one `release(tenant)`."""
+        held = self._held.get(tenant, 0)
+        if self.cap is not None and held >= self.cap:
+            return False
+        self._held[tenant] = held + 1
+        return True
+
+    def release(self, tenant: str) -> None:
+        """A call `hold` counted for `tenant` is over."""
+        self._free(tenant)
 
     def give_back(self, conn: _Connection) -> None:
         """`conn` went back idle or was dropped: its tenant no longer holds it."""

@@ -14,7 +14,7 @@ from gateway.tenants import hash_api_key
 from gateway.upstream.tenant_share import TenantShare, share_cap, share_unsplittable
 from gateway.validation import validate
 from gateway.workers import INDEX_ENV, RUNTIME_ENV
-from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config
+from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config, hosted_backend
 
 
 @pytest.mark.parametrize(
@@ -160,3 +160,48 @@ def test_config_check_with_workers_refuses_an_unsplittable_share(tmp_path: Path)
     assert validate(config, environ={}, config_dir=tmp_path, workers=3) == []
     (problem,) = validate(config, environ={}, config_dir=tmp_path, workers=4)
     assert "tenant_share_of_backend" in problem and "less than the 4 workers" in problem
+
+
+def test_hold_counts_a_tenants_hosted_calls_within_its_share() -> None:
+    share = TenantShare(1)
+    assert share.hold("acme")
+    assert not share.hold("acme")  # past its share: refused, nothing counted
+    assert share.held("acme") == 1
+    assert share.hold("other")  # another tenant's share is its own
+    share.release("acme")
+    assert share.held("acme") == 0 and share.hold("acme")
+    unbounded = TenantShare(None)  # one tenant: no bound, but each call counted
+    assert all(unbounded.hold("acme") for _ in range(3))
+    unbounded.cap = 1  # a reload bounds it while the calls run
+    assert not unbounded.hold("acme")
+    for _ in range(3):
+        unbounded.release("acme")  # the calls counted before the reload end
+    assert unbounded.held("acme") == 0 and unbounded.hold("acme")
+
+
+def test_a_hosted_backends_calls_are_shared_split_and_reloaded_as_a_pool_is(
+    tmp_path: Path,
+) -> None:
+    """Its share of `max_connections_per_backend`, set anew by a reload that keeps it, and
+    split over `serve --workers N` as a pool's is."""
+    backends = [hosted_backend("hosted", "http://127.0.0.1:9/v1", "m")]
+    env = {"HOSTED_KEY": "test-key"}
+    first = assemble(gateway_config(backends, tenants=_tenants("acme")), env, config_dir=tmp_path)
+    state = first.registry.backends["hosted"]
+    assert state.pool is None and state.share is state.calls
+    calls = state.calls
+    assert calls is not None and calls.cap is None  # one tenant: the whole backend
+    both = gateway_config(backends, tenants=_tenants("acme", "limited"))
+    second = assemble(both, env, config_dir=tmp_path, running=first)
+    assert second.registry.backends["hosted"].calls is calls  # kept, calls counted and all
+    assert calls.cap == 128  # a second tenant: each holds at most half of 256
+    sized = gateway_config(
+        backends, tenants=_tenants("acme", "limited"), limits={"max_connections_per_backend": 10}
+    )
+    caps = []
+    for index in (1, 2, 3):
+        built = assemble(sized, {**env, **_worker(index, 3, tmp_path)}, config_dir=tmp_path)
+        split = built.registry.backends["hosted"].calls
+        assert split is not None
+        caps.append(split.cap)
+    assert caps == [2, 2, 1]  # 5 of 10, split over 3 workers
