@@ -39,12 +39,14 @@ def test_the_log_refuses_a_rotation_that_renames_its_key_before_it_opens(
     tmp_path: Path, setting: str
 ) -> None:
     old = _keys(tmp_path, "renamed.example/log")
-    rotation = (
-        {"previous_signing_key_files": ("old.key",)}
-        if setting == "previous"
-        else {"retired_verifier_keys": (old,)}
+    previous, retired = (("old.key",), ()) if setting == "previous" else ((), (old,))
+    settings = ProvenanceSettings(
+        dir="log",
+        origin=ORIGIN,
+        signing_key_file="new.key",
+        previous_signing_key_files=previous,
+        retired_verifier_keys=retired,
     )
-    settings = ProvenanceSettings(dir="log", origin=ORIGIN, signing_key_file="new.key", **rotation)
     with pytest.raises(KeyFormatError, match="a key rotation keeps the key's name"):
         asyncio.run(open_log(settings, tmp_path, new_origin=False, events=get_logger("test")))
     assert not (tmp_path / "log").exists()  # refused before the log was opened
