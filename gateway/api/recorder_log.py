@@ -23,7 +23,7 @@ from gateway.provenance import (
     seal_receipts,
 )
 from gateway.provenance.formats.cosignature import CosignatureVerifier, unambiguous_witnesses
-from gateway.provenance.keys import unambiguous
+from gateway.provenance.keys import one_log_name, unambiguous
 from gateway.provenance.writer.events import FaultEvents
 from gateway.provenance.writer.high_water import HighWater
 
@@ -64,6 +64,18 @@ class OpenedLog:
     retired_verifiers: list[Verifier]
 
 
+def _labelled(settings: ProvenanceSettings, keys: list[Verifier]) -> list[tuple[str, Verifier]]:
+    """The previous and retired keys (in `open_log`'s order), each with its setting."""
+    names = [
+        *(
+            f"provenance.previous_signing_key_files ({f})"
+            for f in settings.previous_signing_key_files
+        ),
+        *("provenance.retired_verifier_keys" for _ in settings.retired_verifier_keys),
+    ]
+    return list(zip(names, keys, strict=True))
+
+
 async def open_log(
     settings: ProvenanceSettings, config_dir: Path, *, new_origin: bool, events: FaultEvents
 ) -> OpenedLog:
@@ -76,6 +88,8 @@ async def open_log(
     # ones among themselves): a checkpoint or receipt line could be either's (keys.py).
     own = [signer.verifier(), *(key.verifier() for key in previous), *retired]
     unambiguous(own)
+    # a rotation keeps the key's name (keys.py): refused before anything is written
+    one_log_name(own[0], _labelled(settings, own[1:]))
     # A witness under one of those names and ids: its cosignatures in cosigned/ would be
     # checked as the log's signatures, and fail every audit (cosignature.py).
     unambiguous_witnesses([CosignatureVerifier(w.vkey) for w in settings.witnesses], own)

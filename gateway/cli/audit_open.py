@@ -148,7 +148,7 @@ def _open(args: argparse.Namespace) -> int:
     if opened is None:  # the first is the likeliest: name what it commits to
         verify_digest(kind, commitment, salt, body.sha256(candidates[0]))  # raises
         raise AssertionError("a candidate that opens was missed")  # pragma: no cover
-    if logged is not None and form == "stream":  # the error event taken off: the record's?
+    if form == "stream":  # an error event taken off: the record's? (none: refused)
         check_stream_end(logged, body.tail, opened)
     print(
         f"ok: {shown(args.body)} with this salt opens the {args.kind} commitment "

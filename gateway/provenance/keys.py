@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gateway.confined_reads import check_opened
@@ -24,6 +24,7 @@ __all__ = [
     "generate_signing_key",
     "load_signer",
     "load_verifiers",
+    "one_log_name",
     "write_signing_key",
 ]
 
@@ -141,4 +142,24 @@ def unambiguous(verifiers: list[Verifier]) -> None:
                 f"verifier keys {first.vkey} and {verifier.vkey} are two keys under one "
                 f"name and key id {verifier}: a signature names only those, so which key "
                 "made it is ambiguous; trust one of them"
+            )
+
+
+def one_log_name(signing: Verifier, others: Sequence[tuple[str, Verifier]]) -> None:
+    """Refuse a key of the log (`others`: each with the setting that names it) under
+    another name than the signing key's. A rotation keeps the key's name: in a C2SP
+    signed note the key name says whose signature a line is, and a log's key is named
+    for its origin, so a checkpoint signed under a new name is another log's to an
+    auditor holding both keys (`audit verify --key OLD --key NEW` failed every checkpoint
+    the renamed key signed alone). Refused before the log is opened, nothing is written
+    under the new name (docs/provenance.md, "Keys")."""
+    for where, key in others:
+        if key.name != signing.name:
+            raise KeyFormatError(
+                f"{where} is the key {key}, named {key.name!r}, but the signing key {signing} "
+                f"is named {signing.name!r}: a key rotation keeps the key's name (it names "
+                "the log: an auditor holding both keys refuses checkpoints signed under "
+                "another name as another log's); make the new key under the old name "
+                f"(owngate keys new --signing {key.name!r} --key-file NEW.key), or start a "
+                "new log (a new provenance.dir and origin)"
             )

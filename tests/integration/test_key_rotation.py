@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from gateway.cli.main import main
 from gateway.provenance import (
     LogVerificationError,
     SignatureError,
@@ -32,7 +35,7 @@ from gateway.provenance import (
 )
 from tests.helpers.gateways import ADMIN, ADMIN_HEADERS
 from tests.helpers.net import free_port
-from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.processes import KEY, GatewayProcess, owngate_argv
 from tests.helpers.provenance import run_audit
 
 ORIGIN = "test.owngate/rotated"
@@ -178,3 +181,40 @@ def test_receipts_signed_before_a_rotation_verify_after_it(
         assert "a key retired by a rotation signed it" in str(refused["problems"])
     finally:
         gateway.stop()
+
+
+def test_a_rotation_that_renames_the_key_is_refused_before_anything_is_written(
+    process: Callable[..., GatewayProcess], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rotation's steps with a new key of another name than the log's: before, the
+    gateway signed A+B, then B alone, and `audit verify --key A --key B` failed each
+    checkpoint B signed alone (`another log's key signed it`: in a C2SP note the key name
+    names the log). Now `serve` refuses each step (exit 3) before the log is touched, and
+    `config validate` names the rename."""
+    vkey_a = write_signing_key(tmp_path / "a.key", ORIGIN)
+    write_signing_key(tmp_path / "b.key", "renamed.example/log")
+    gateway = process(provenance={"dir": "log", "origin": ORIGIN, "signing_key_file": "a.key"})
+    _serve(gateway, 1)
+    logdir = tmp_path / "log"
+    before = {p: p.read_bytes() for p in logdir.rglob("*") if p.is_file()}
+    for step in ({"previous_signing_key_files": ["a.key"]}, {"retired_verifier_keys": [vkey_a]}):
+        _reconfigure(gateway, signing_key_file="b.key", **step)
+        serve = subprocess.Popen(
+            owngate_argv("serve", "--config", gateway.path.name),
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            _, err = serve.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.send_signal(signal.SIGINT)
+            serve.communicate(timeout=60)
+            raise AssertionError(f"serve started with a renamed key ({step})") from None
+        assert serve.returncode == 3, err
+        assert b"a key rotation keeps the key's name" in err, err
+        assert main(["config", "validate", str(gateway.path)]) == 1
+        out = capsys.readouterr()
+        assert "a key rotation keeps the key's name" in out.out + out.err
+        assert {p: p.read_bytes() for p in logdir.rglob("*") if p.is_file()} == before
+    assert run_audit(["verify", str(logdir), "--key", vkey_a]) == 0

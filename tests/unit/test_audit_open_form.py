@@ -13,6 +13,7 @@ and the bytes that opened the commitment."""
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -57,11 +58,12 @@ def test_the_stated_form_decides_which_bytes_open(
         f"form countersigned, its first {len(STREAM)} of {len(STREAM + RECEIPT_LINE)} bytes" in out
     )
     assert "the gateway's own: its receipt line)" in out
-    # as a stream not countersigned it opens, and says what was taken off as the gateway's
-    assert _open(tmp_path, forged, STREAM, *response, "stream") == 0
-    out = capsys.readouterr().out
-    assert f"form stream, its first {len(STREAM)} of {len(forged)} bytes" in out
-    assert "its error event, its receipt line" in out
+    # nor as a stream: the appended event is no OpenAI error object (before, it was taken
+    # off as the gateway's error event, and the tool said `ok` naming it)
+    assert _open(tmp_path, forged, STREAM, *response, "stream") == 1
+    captured = capsys.readouterr()
+    assert "it is not the gateway's error event" in captured.err
+    assert "ok" not in captured.out
     # exact: the file is the committed bytes, all of them
     assert _open(tmp_path, STREAM + RECEIPT_LINE, STREAM, *response, "exact") == 1
     capsys.readouterr()
@@ -109,3 +111,24 @@ def test_the_form_has_an_environment_default(
     monkeypatch.setenv("OWNGATE_AUDIT_FORM", "stream")
     assert _open(tmp_path, STREAM + RECEIPT_LINE, STREAM, "--kind", "response") == 0
     assert "form stream" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("code", ["upstream_error", "rate_limit_exceeded", "pay_here"])
+def test_an_error_event_is_not_taken_off_without_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], code: str
+) -> None:
+    """An event that is an OpenAI error object alone, of a code of the gateway's or not:
+    without the completion record (its status) nothing says it is the gateway's, so
+    `--salt --commitment` refuses to take it off and names what would (before: `ok`,
+    `its error event` taken off as the gateway's)."""
+    error = {"message": "m", "type": "t", "param": None, "code": code}
+    event = b"data: " + json.dumps({"error": error}, separators=(",", ":")).encode() + b"\n\n"
+    received = STREAM + event + RECEIPT_LINE
+    assert _open(tmp_path, received, STREAM, "--kind", "response", "--form", "stream") == 1
+    captured = capsys.readouterr()
+    assert "open it with --receipt RECEIPT --log LOGDIR --key VKEY" in captured.err
+    assert "ok" not in captured.out
+    # the same stream, its commitment covering the event: opened, all of it before the line
+    committed = STREAM + event
+    assert _open(tmp_path, received, committed, "--kind", "response", "--form", "stream") == 0
+    assert f"its first {len(committed)} of {len(received)} bytes" in capsys.readouterr().out

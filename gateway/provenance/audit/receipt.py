@@ -104,7 +104,7 @@ class LoggedCommitment:
     status: int | None = None
 
 
-def check_stream_end(logged: LoggedCommitment, received: bytes, opened: bytes) -> None:
+def check_stream_end(logged: LoggedCommitment | None, received: bytes, opened: bytes) -> None:
     """A stream's response commitment opened with `opened`, one of
     `committed_bodies(received)`. The gateway's error event, which the commitment does not
     cover, may have been taken off to reach it only where the gateway writes one: the
@@ -113,7 +113,8 @@ def check_stream_end(logged: LoggedCommitment, received: bytes, opened: bytes) -
     (`upstream_error` on a 502). Else the client received what the signed log does not
     say: an error on a stream it says ended, another failure than the one it says (a
     `rate_limit_exceeded` on a 502), or an event of the gateway's own (content an SDK
-    reads) that no commitment covers."""
+    reads) that no commitment covers. `logged` None (a commitment given without its
+    receipt and log): no completion to hold the event to, so none is taken off."""
     data = stripped_error_event(received, opened)
     if data is None:
         return
@@ -123,6 +124,14 @@ def check_stream_end(logged: LoggedCommitment, received: bytes, opened: bytes) -
             f"the stream as received ends in an event shaped as the gateway's error event, "
             f"but {problem}: it is not the gateway's error event, and the response "
             "commitment does not cover it"
+        )
+    if logged is None:
+        raise LogVerificationError(
+            "the commitment opens only with the stream's last event (an OpenAI error object) "
+            "taken off as the gateway's error event, which the commitment does not cover; "
+            "whether it is the gateway's (written only on a stream its completion record "
+            "says broke off, with a code of that status) only that record tells: open it "
+            "with --receipt RECEIPT --log LOGDIR --key VKEY instead of --salt/--commitment"
         )
     if logged.status is None or logged.status < 400:
         raise LogVerificationError(

@@ -3,7 +3,8 @@
 It checks, and raises `LogVerificationError` at the first failure:
 
 1. every checkpoint in the history is signed by a trusted key, for the same origin (a key
-   retired by a rotation never signs alone again: `audit.rotation`);
+   retired by a rotation never signs alone again, and a rotation keeps the key's name:
+   `audit.rotation`);
 2. the served `checkpoint` is the newest one (an older one is a rollback), and every
    checkpoint the auditor already holds is covered (or the log was rolled back);
 3. every entry: its leaf hash equals the stored level-0 tile hash (else the first edited,

@@ -17,7 +17,7 @@ check naming it, not an audit that hangs or exhausts memory. Nor may a folder of
 of checkpoint files: for the auditor `list_history` and `list_cosigned` list at most
 `limit` of them (`MAX_HISTORY` by default, `owngate audit verify --max-checkpoints`; the
 writer lists its own log whole), and `newest_history`, `newest_cosigned` and
-`first_history_above` keep only the one name they look for.
+`first_history_above` keep only the one name they look for (`history_upto`, none).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ __all__ = [
     "cosigned_path",
     "first_history_above",
     "history_path",
+    "history_upto",
     "is_index_name",
     "list_cosigned",
     "list_history",
@@ -117,6 +118,20 @@ def first_history_above(
         if size > index and (first is None or size < first[0]):
             first = (size, folder / name)
     return first
+
+
+def history_upto(
+    directory: Path, upto: int, limit: int | None = None
+) -> Iterator[tuple[int, Path]]:
+    """The history checkpoints of a size at most `upto`, as (size, path), in no order and
+    one at a time (the listing is not kept); more than `limit` files in the folder is a
+    MalformedError naming the limit."""
+    folder = directory / HISTORY
+    for count, name in enumerate(_index_names(folder), 1):
+        if limit is not None and count > limit:
+            raise _too_many(folder, limit)
+        if int(name) <= upto:
+            yield int(name), folder / name
 
 
 def cosigned_path(directory: Path, size: int) -> Path:

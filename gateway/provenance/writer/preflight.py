@@ -3,7 +3,8 @@
 `owngate config validate` runs this instead of opening the log: the origin line is
 valid, each signing key file is private and loads, each witness key parses, no two of the
 log's keys (signing, previous, retired) nor a witness key and one of them are two keys
-under one name and key id (as the log's open refuses them), and the log
+under one name and key id (as the log's open refuses them), no key of the log under
+another name than the signing key's (a rotation keeps the name: `one_log_name`), and the log
 directory is a writable directory (or can be created) holding no other log, nor less than
 the high-water file records (`HighWater.check`: an emptied or older directory that the
 gateway would refuse to fork). Nothing is created, locked or written; a log that another
@@ -21,7 +22,7 @@ from gateway.provenance.formats.checkpoint import Checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier, unambiguous_witnesses
 from gateway.provenance.formats.layout import list_history, read_log_file
 from gateway.provenance.formats.note import Verifier
-from gateway.provenance.keys import load_signer, unambiguous
+from gateway.provenance.keys import load_signer, one_log_name, unambiguous
 from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.recovery import note_text
 
@@ -47,14 +48,22 @@ def preflight(
     except ProvenanceError as exc:
         problems.append(f"provenance.origin: {exc}")
     own: list[Verifier] = []  # the log's keys, as `open_log` gathers them
-    for key_file in key_files:
+    signing: Verifier | None = None  # the first of `key_files`
+    named: list[tuple[str, Verifier]] = []  # the others, each with the setting naming it
+    for number, key_file in enumerate(key_files):
         try:
             own.append(load_signer(key_file).verifier())
+            if number:
+                named.append((f"provenance.previous_signing_key_files ({key_file})", own[-1]))
+            else:
+                signing = own[-1]
         except OSError as exc:
             problems.append(f"signing key {key_file}: cannot read: {exc.strerror}")
         except ProvenanceError as exc:  # names the file itself
             problems.append(f"signing key {exc}")
-    own += [Verifier(vkey) for vkey in retired_keys]  # parsed at config load
+    retired = [Verifier(vkey) for vkey in retired_keys]  # parsed at config load
+    own += retired
+    named += [("provenance.retired_verifier_keys", key) for key in retired]
     witnesses: list[CosignatureVerifier] = []
     for vkey in witness_keys:
         try:
@@ -66,6 +75,11 @@ def preflight(
         unambiguous_witnesses(witnesses, own)
     except ProvenanceError as exc:
         problems.append(f"provenance: {exc}")
+    if signing is not None:
+        try:  # a rotation keeps the key's name, as `open_log` refuses (keys.py)
+            one_log_name(signing, named)
+        except ProvenanceError as exc:
+            problems.append(f"provenance: {exc}")
     if directory is not None:
         try:
             found = _directory(directory, origin)
