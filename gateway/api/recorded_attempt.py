@@ -140,7 +140,9 @@ async def recorded_on(
         await attempt()
         status, error = exchange.status, exchange.upstream_error
     except TryNext as exc:  # held until the next dispatch or the request's end
-        status, error, held = attempt_status(exc), exc.reason, True
+        # As a plain string: a reload's reason is a `str` subclass (decided.Withdrawn),
+        # which the record's checks refuse (the completion would not be written).
+        status, error, held = attempt_status(exc), str(exc.reason), True
         raise
     except GatewayError as exc:
         status, error = exc.status, exc.code.value
