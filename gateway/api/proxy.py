@@ -320,7 +320,8 @@ class Proxy:
                     last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
                     # Withdrawn by a reload once its record was made, or its pool closed:
                     # nothing sent, not tried (its URL: refused; its config changed: retired)
-                    came_to = _came_to(exc.reason, "retired" if exc.retired else None)
+                    why = exc.withdrawn or exc.reason
+                    came_to = _came_to(why, "retired" if exc.retired else None)
                 finally:
                     plan.report(attempt, outcome, reason, busy=busy, came_to=came_to)
                     if span is not None:
