@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Final
 
@@ -41,6 +40,7 @@ from gateway.api.usage_read import PastBounds, read_json, utf8_document
 from gateway.body_budget import Held, hold_answer
 from gateway.errors import GatewayError
 from gateway.provenance import Usage
+from gateway.upstream.content_types import UNRELAYABLE_TYPE, is_sse, relayed_kind
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = [
@@ -58,51 +58,15 @@ __all__ = [
 
 MAX_ERROR_BODY = 64 * 1024  # its message is shown: plenty
 
-# The only header of a backend's that reaches the client is its content type (relayed on
-# a 2xx answer): a media type and its parameters, at most 256 visible ASCII bytes.
-# Longer, a client's HTTP parser may refuse the head (aiohttp past 8190 bytes a line,
-# Node's fetch past 16 KiB) and read no answer at all, while the record would state one
-# served. And only one its clients read as what the gateway read and recorded: an event
-# stream, or JSON in UTF-8. Under another type openai-node hands the caller a string,
-# the Python SDK in strict mode and aiohttp's `json()` raise, a browser renders
-# `text/html`; under another charset `requests` decodes the bytes into another text (or,
-# UTF-16, into no JSON at all).
-_SSE: Final = b"text/event-stream"
-_JSON: Final = b"application/json"
-_UTF8: Final = frozenset({b"utf-8", b"utf8"})
-_TYPE_TEXT: Final = re.compile(rb"[\x20-\x7e\t]{1,256}")
-_UNRELAYABLE_TYPE: Final = (
-    "a content-type header the gateway does not relay (over 256 bytes, not visible "
-    "ASCII, neither application/json nor text/event-stream, or a charset other than UTF-8)"
-)
-
-
-def is_sse(content_type: bytes) -> bool:
-    """Whether `content_type` names an event stream (a media type is case-insensitive:
-    clients read `Text/Event-Stream` as one too)."""
-    return content_type.partition(b";")[0].strip(b" \t").lower() == _SSE
-
 
 def relayed_type(content_type: bytes) -> bool:
     """Whether a 2xx answer of `content_type` is an event stream; `UpstreamError("shape")`
-    for a type the gateway does not relay (above), before the client saw a byte."""
-    media, *parameters = content_type.split(b";")
-    media = media.strip(b" \t").lower()
-    if (
-        _TYPE_TEXT.fullmatch(content_type) is None
-        or media not in (_SSE, _JSON)
-        or any(_charset(p) not in (None, *_UTF8) for p in parameters)
-    ):
-        raise UpstreamError("shape", _UNRELAYABLE_TYPE)
-    return media == _SSE
-
-
-def _charset(parameter: bytes) -> bytes | None:
-    """The charset a media type parameter names (lower case, unquoted); None for another."""
-    name, _, value = parameter.partition(b"=")
-    if name.strip(b" \t").lower() != b"charset":
-        return None
-    return value.strip(b" \t").strip(b'"').lower()
+    for a type the gateway does not relay (gateway/upstream/content_types.py), before the
+    client saw a byte."""
+    kind = relayed_kind(content_type)
+    if kind is None:
+        raise UpstreamError("shape", UNRELAYABLE_TYPE)
+    return kind
 
 
 def cover_answer(held: Held, size: int) -> None:

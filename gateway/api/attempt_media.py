@@ -6,7 +6,9 @@ withdrawing the attempt before it sends (gateway/api/private_media.py judges the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
+from gateway.api.decided import Withdrawn
 from gateway.api.private_media import MediaRefs
 from gateway.errors import GatewayError
 from gateway.routing.registry import Registry
@@ -15,11 +17,12 @@ from gateway.routing.router import Attempt
 __all__ = ["Narrowed", "media_narrowed", "media_refusal"]
 
 
-class Narrowed(str):
+class Narrowed(Withdrawn):
     """`media_narrowed`'s reason: the request's own URL withdrew the attempt, the backend
     is up ("refused" for a fallback, as at the first check: gateway/api/proxy.py);
     `error`, the client's 400 if nothing is sent."""
 
+    came_to: ClassVar[str] = "refused"
     error: GatewayError
 
     def __new__(cls, reason: str, error: GatewayError) -> Narrowed:
@@ -40,8 +43,11 @@ def media_refusal(media: MediaRefs, registry: Registry, attempt: Attempt) -> Gat
 
 
 def media_narrowed(
-    withdrawn: Callable[[], str | None], media: MediaRefs, registry: Registry, attempt: Attempt
-) -> str | None:
+    withdrawn: Callable[[], Withdrawn | None],
+    media: MediaRefs,
+    registry: Registry,
+    attempt: Attempt,
+) -> Withdrawn | None:
     """`withdrawn` (`withdrawn_by_reload`), or why a config reload since the media check
     narrowed the backend's `media_urls` below the request's URLs."""
     reason = withdrawn()

@@ -19,12 +19,19 @@ client certificate, `server_name`, pins: `Registry.moved`): the old address or k
 the very thing the operator no longer trusts. Each such backend is left out of a
 hosted fallback's basis, as one the plan never tried: its new self was never shown
 unavailable.
+
+What the attempt came to, for the plan's fallback (`Withdrawn.came_to`): a backend the
+policy set active now no longer admits is `down` (that set judges the fallback, without
+it); one whose config a reload changed (moved, re-trusted, removed, redeclared, renamed:
+`Retired`) is `retired`, as one whose pool a reload closed: an operator's config change
+is not the private fleet failing, so it never lets a request go to a hosted provider,
+whatever a later reload changes back (gateway/routing/attempt.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from gateway.api.labels import UNKNOWN, InvalidLabel, label_refused, read_label
 from gateway.api.refusal import Refused
@@ -40,7 +47,22 @@ if TYPE_CHECKING:
     from gateway.routing.registry import Registry
     from gateway.routing.router import Plan
 
-__all__ = ["Decided", "decide", "fallback_refused", "withdrawn_by_reload"]
+__all__ = ["Decided", "Retired", "Withdrawn", "decide", "fallback_refused", "withdrawn_by_reload"]
+
+
+class Withdrawn(str):
+    """Why a reload withdrew an attempt before it sent; `came_to`: what a private one
+    came to for the fallback, "down" (not tried: the policy set active now does not admit
+    it)."""
+
+    came_to: ClassVar[str] = "down"
+
+
+class Retired(Withdrawn):
+    """Withdrawn because a config reload changed the backend itself (`Registry.moved`, a
+    redeclaration, a model renamed): "retired", never unavailable (module docstring)."""
+
+    came_to: ClassVar[str] = "retired"
 
 
 class Decided(NamedTuple):
@@ -57,15 +79,16 @@ def withdrawn_by_reload(
     decided: Decided,
     attempt: Attempt,
     plan: Plan | None = None,
-) -> str | None:
+) -> Withdrawn | None:
     """Why the policy set active now no longer admits `attempt`, if a reload since the
     decision took it away (None: it still admits it, or nothing was reloaded): its backend,
     or, for a hosted attempt of `plan` (a fallback, `plan.fallback` and `plan.basis` saying
     why), the reason it falls back; or why the newest config no longer reaches its backend
     where and as `registry` (the request's config's) does (`Registry.moved`)."""
     current = trust.latest()
+    moved = registry.moved(attempt.backend.id)
     if current is decided.policy:
-        return registry.moved(attempt.backend.id)
+        return None if moved is None else Retired(moved)
     decision = decided.decision
     try:
         now = current.decide(decision.tenant, decision.model, decided.label)
@@ -73,23 +96,26 @@ def withdrawn_by_reload(
         now = None
     admitted = () if now is None else now.private if attempt.private else now.hosted
     if attempt.backend.id not in admitted:
-        return f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
+        return Withdrawn(
+            f"{attempt.backend.id}: no longer admitted by policy set {current.version}"
+        )
     before = decided.policy
     redeclared = current.facts_digest != before.facts_digest
     if redeclared and _redeclared(before, current, attempt.backend.id):
         # A gateway.yaml reload admitted the id for what it declares now; the attempt
         # would go where the old config pointed, under the old declaration.
-        return f"{attempt.backend.id}: declared anew in the config of policy set {current.version}"
+        return Retired(
+            f"{attempt.backend.id}: declared anew in the config of policy set {current.version}"
+        )
     if redeclared and _renamed(registry, current, attempt.backend.id, decision.model):
         # The new set judged the model the backend serves the name as now; the attempt
         # would ask it for the one the old config named (maybe one the new set denies).
-        return (
+        return Retired(
             f"{attempt.backend.id}: serves {decision.model} as another model in the config "
             f"of policy set {current.version}"
         )
-    moved = registry.moved(attempt.backend.id)
     if moved is not None:
-        return moved
+        return Retired(moved)
     if now is None or attempt.private or plan is None or plan.fallback is None:
         return None
     # What came of a backend since redeclared, renamed or moved says nothing of it now.
@@ -105,7 +131,7 @@ def withdrawn_by_reload(
     why = fallback_refused(decision, now, plan.fallback, basis)
     if why is None:
         return None
-    return (
+    return Withdrawn(
         f"{attempt.backend.id}: fallback no longer allowed by policy set {current.version} ({why})"
     )
 

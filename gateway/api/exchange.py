@@ -117,7 +117,9 @@ class TryNext(Exception):
     `error` is what the client should see if no other candidate serves either; `busy`:
     the backend was up but had no room (a 429, the gateway's own connection limit), and
     `retired`: nothing was sent, its pool closed with a config a reload retired; neither
-    makes a private backend unavailable for the fallback (gateway/routing/router.py)."""
+    makes a private backend unavailable for the fallback (gateway/routing/router.py).
+    `withdrawn`: nothing was sent, and a reload withdrew the attempt meanwhile
+    (gateway/api/decided.py): what it came to for the fallback, whatever `reason` says."""
 
     def __init__(
         self,
@@ -126,12 +128,14 @@ class TryNext(Exception):
         *,
         busy: bool = False,
         retired: bool = False,
+        withdrawn: str | None = None,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
         self.busy = busy
         self.retired = retired
+        self.withdrawn = withdrawn
 
 
 async def settle(exchange: Exchange) -> None:

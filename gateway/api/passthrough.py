@@ -178,12 +178,16 @@ class PrivateRelay:
                 trail.offered = offered  # the backend never had the prompt
             self._reports.failed(exchange, backend, exc)
             attempt.upstream_failed(exc.kind, exc.detail)
-            gone = moved() if exc.kind == "retired" else None  # the completion says why
+            # Nothing sent (a reconnect refused, say) after a reload withdrew the attempt:
+            # that is what it came to; the completion says why when the reload stopped it.
+            sent = exc.kind not in NOT_SENT and not exc.sent_nothing
+            gone = None if sent else moved()
             raise TryNext(
-                gone or f"{backend.id}: {exc.kind}",
+                (gone if exc.kind == "retired" else None) or f"{backend.id}: {exc.kind}",
                 last_error(exc),
                 busy=exc.kind in NO_ROOM,
                 retired=exc.kind == "retired",
+                withdrawn=gone,
             ) from exc
         if response.status >= 400 and trail is not None:
             trail.offered = offered  # an error status: the backend did not serve it

@@ -35,7 +35,7 @@ from gateway.api.attempt_errors import attempt_error, stopped
 from gateway.api.attempt_media import Narrowed, media_narrowed, media_refusal
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
-from gateway.api.decided import Decided, withdrawn_by_reload
+from gateway.api.decided import Decided, Withdrawn, withdrawn_by_reload
 from gateway.api.exchange import Exchange, TryNext, client_left, cut_status, watch_disconnect
 from gateway.api.hosted_relay import HostedRelay, NotSent
 from gateway.api.labels import UNKNOWN
@@ -231,7 +231,7 @@ class Proxy:
                         raise stopped(stop, decision, last, model, exchange.request_id.decode())
                     withdrawn = withdrawn_by_reload(self._trust, registry, decided, attempt, plan)
                     if withdrawn is not None:  # not dispatched: no record, the next one may serve
-                        outcome, reason = Outcome.skipped, withdrawn
+                        outcome, reason, came_to = Outcome.skipped, withdrawn, withdrawn.came_to
                         continue
                     prepared = None
                     if attempt.private and media is not None:  # before its dispatch record
@@ -308,11 +308,9 @@ class Proxy:
                         outcome, reason = Outcome.skipped, f"{attempt.backend.id}: not made"
                         raise stopped(gone, decision, last, model, exchange.request_id.decode())
                     if gone is not None:  # withdrawn by a reload while it connected or was checked
-                        outcome, reason = Outcome.skipped, gone
-                        if isinstance(gone, Narrowed):  # the request's URL, as refused above
-                            came_to = "refused"
-                            if unsent is None:
-                                unsent, unsent_rule = gone.error, MEDIA_URLS_RULE
+                        outcome, reason, came_to = Outcome.skipped, gone, _came_to(gone)
+                        if isinstance(gone, Narrowed) and unsent is None:  # as refused above
+                            unsent, unsent_rule = gone.error, MEDIA_URLS_RULE
                         continue
                     outcome = Outcome.served
                     if exchange.fallback is not None:
@@ -320,9 +318,10 @@ class Proxy:
                     return
                 except TryNext as exc:
                     last, outcome, reason, busy = exc, Outcome.failed, exc.reason, exc.busy
-                    came_to = "retired" if exc.retired else None  # nothing sent: not tried
-                    if isinstance(exc.reason, Narrowed):  # its URL, once its record was made
-                        came_to = "refused"
+                    # Withdrawn by a reload once its record was made, or its pool closed:
+                    # nothing sent, not tried (its URL: refused; its config changed: retired)
+                    why = exc.withdrawn or exc.reason
+                    came_to = _came_to(why, "retired" if exc.retired else None)
                 finally:
                     plan.report(attempt, outcome, reason, busy=busy, came_to=came_to)
                     if span is not None:
@@ -372,6 +371,11 @@ async def _hosted(
 ) -> None:
     """A hosted attempt (LiteLLM opens its own connections)."""
     await hosted.attempt(exchange, attempt, prepared, send)
+
+
+def _came_to(reason: str, otherwise: str | None = None) -> str | None:
+    """What a private attempt a reload withdrew came to for the fallback (`Withdrawn`)."""
+    return reason.came_to if isinstance(reason, Withdrawn) else otherwise
 
 
 def _not_logged(error: GatewayError, exchange: Exchange, logged: LogEntry | None) -> bool:

@@ -61,7 +61,9 @@ async def recorded(
     its completion record has that error's status, the status the client gets. So is
     `moved` (gateway/api/proxy.py passes `withdrawn_by_reload`: a reload that narrowed
     the policy, or moved the backend or changed its TLS trust, `Registry.moved`): then
-    the attempt fails before it sends, its completion saying why."""
+    the attempt fails before it sends, its completion saying why; one whose connection
+    had failed says that failure, and carries the reload's reason as what it came to
+    (`TryNext.withdrawn`, gateway/api/decided.py)."""
     exchange.upstream_error = None  # this attempt's, not an earlier attempt's
     backend_before = exchange.backend
     connection: Connection | None = None
@@ -79,9 +81,10 @@ async def recorded(
             stop = lapsed()  # while the dispatch record was made durable: nothing sent
             if stop is not None:
                 raise stop
-            if failed is not None:
-                raise failed
             gone = moved()  # by a reload during the record's write: the old address
+            if failed is not None:
+                failed.withdrawn = failed.withdrawn or gone
+                raise failed
             if gone is not None:
                 raise TryNext(gone)
             await attempt(connection)
@@ -140,7 +143,9 @@ async def recorded_on(
         await attempt()
         status, error = exchange.status, exchange.upstream_error
     except TryNext as exc:  # held until the next dispatch or the request's end
-        status, error, held = attempt_status(exc), exc.reason, True
+        # As a plain string: a reload's reason is a `str` subclass (decided.Withdrawn),
+        # which the record's checks refuse (the completion would not be written).
+        status, error, held = attempt_status(exc), str(exc.reason), True
         raise
     except GatewayError as exc:
         status, error = exc.status, exc.code.value

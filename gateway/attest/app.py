@@ -25,7 +25,8 @@ for a failure to try elsewhere, and the comment alone would be that first byte.
 The sidecar takes answers in no content coding: its upstream client asks for identity on
 every request (the gateway's `accept-encoding` is not among the fields it forwards), and
 an answer in another coding is refused, never decompressed nor countersigned: 502
-`upstream_error`.
+`upstream_error`. So is an answer below 400 of a content type the gateway does not relay
+(gateway/upstream/content_types.py: only an event stream or JSON, in UTF-8).
 
 A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
 it is countersigned and logged all the same, so the cross-check against the gateway's
@@ -87,6 +88,7 @@ from gateway.provenance.formats.attestation import (
 from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.sse_comments import CommentFilter
+from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["RELAYED", "AttestRelay", "AttestSettings"]
@@ -98,12 +100,12 @@ RELAYED: dict[bytes, frozenset[bytes]] = {
     b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
 }
 
-_SSE = b"text/event-stream"
 _NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever its headers
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
 _NOT_RELAYED = GatewayError(ErrorCode.not_found, "The sidecar relays only a gateway's requests.")
+_UNRELAYED = f"the backend answered with {UNRELAYABLE_TYPE}"
 _sha256 = hashlib.sha256
 _b64 = binascii.b2a_base64  # base64.b64encode without its Python frame (newline=False)
 # Random bytes for a request without salts or a valid id (not from a gateway): both salts
@@ -228,8 +230,11 @@ class AttestRelay:
                 return
             content_type = response.header(b"content-type") or _JSON
             whole = response.status >= 400 or response.status in _NO_BODY
-            # As the gateway tells a stream (passthrough.py): a media type has no case.
-            if whole or content_type[: len(_SSE)].lower() != _SSE:
+            # As the gateway tells a stream, and only a type it relays (content_types.py)
+            stream = False if response.status >= 400 else relayed_kind(content_type)
+            if stream is None:  # the gateway would refuse it: never countersigned
+                raise GatewayError(ErrorCode.upstream_error, _UNRELAYED)
+            if whole or not stream:
                 data = await self._read(conn, response)
                 if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
                     return

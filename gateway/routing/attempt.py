@@ -16,8 +16,11 @@ __all__ = ["FALLBACK_STATES", "Attempt", "FallbackBasis"]
 
 # What each eligible private backend came to, as a fallback's dispatch record states it:
 # (backend id, state), state one of "down" (not tried: down, its breaker closed to it, or
-# withdrawn by a reload; no record of it), "failed" (tried and failed), "busy" (tried,
-# answered busy), "saturated" (up, over the threshold).
+# withdrawn by a policy reload; no record of it), "failed" (tried and failed), "busy" (tried,
+# answered busy), "saturated" (up, over the threshold). The plan also knows "refused" (the
+# request's media URL) and "retired" (nothing sent: its config's pool closed, or a config
+# reload moved, re-trusted, removed or redeclared it): neither opens a fallback, so no
+# dispatch record states them.
 FallbackBasis = tuple[tuple[str, str], ...]
 
 # The states that let `when_private_unavailable` (and `when_private_saturated`) fall back

@@ -23,7 +23,7 @@ private, at most `routing.failover.max_attempts` and none once
 `routing.failover.deadline_s` from arrival has passed; hosted last when the fallback mode
 allows (at most 3) and every eligible private backend was unavailable for this request:
 down before it was tried (health or breaker at planning or when its turn came, or
-withdrawn by a reload), or tried and failed (refused, broken or timed-out connection, a
+withdrawn by a policy reload), or tried and failed (refused, broken or timed-out connection, a
 5xx, a 401, 403 or 404). One never tried (the attempts or the deadline ran out first) or
 "busy" (a 429, the gateway's own connection limit; accepted by `when_private_saturated`)
 was not shown unavailable: no hosted fallback, the client gets the last attempt's error.
@@ -379,8 +379,8 @@ class Plan:
         """`attempt` is over (call it once, however it ended; `reason`: why it failed,
         `busy`: up but no room, a 429 or the gateway's own connection limit; `came_to`: a
         private one's state when not the outcome's: "refused", skipped for a media URL in
-        the request, "retired", its pool closed with its config; none is unavailable).
-        Any outcome but `skipped` counts among the pass's attempts."""
+        the request, "retired", its pool closed or its backend changed by a config reload;
+        none is unavailable). Any outcome but `skipped` counts among the pass's attempts."""
         if outcome is not Outcome.skipped:
             self._made += 1
         if outcome is Outcome.failed:

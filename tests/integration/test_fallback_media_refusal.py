@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from gateway.api import attempt_media, proxy
+from gateway.provenance import load_signer
+from tests.helpers.audit_rig import request_log, settled
 from tests.helpers.gateways import (
     EU_FALLBACK_POLICY,
     EU_ZERO,
@@ -140,11 +142,13 @@ def test_a_reload_narrowing_media_urls_before_the_dispatch_does_not_unlock_the_f
 
 
 def test_a_reload_narrowing_media_urls_after_the_dispatch_record_does_not_unlock_it(
-    setup: Build, monkeypatch: pytest.MonkeyPatch
+    setup: Build, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """As above, the reload landing once each dispatch record was written: each attempt
     fails before it sends (its completion says why), "refused" for the fallback, never
-    "failed" (before: failed, and the request went hosted with the URL)."""
+    "failed" (before: failed, and the request went hosted with the URL). Each completion
+    is written (before, its reason, a `str` subclass, was refused by the record's checks:
+    the log held two dispatches and no completion)."""
     real = attempt_media.media_refusal
     asked: dict[str, int] = {}
 
@@ -162,3 +166,10 @@ def test_a_reload_narrowing_media_urls_after_the_dispatch_record_does_not_unlock
     assert asked == {"a": 2, "b": 2}  # each attempt was asked again after its record
     assert [len(raw.posts) for raw in raws] == [0, 0]
     assert response.status_code == 503, response.text  # the last attempt's: it was dispatched
+    log, key = tmp_path / "log", load_signer(tmp_path / "log.key").vkey
+    request_id = response.headers["x-request-id"]
+    settled(log, key, request_id)
+    completions = [r for r in request_log(log, key, request_id) if r["type"] == "completion"]
+    assert [(r["status"], r["error"]) for r in completions] == [
+        (503, f"{b}: its media_urls narrowed by a config reload") for b in ("a", "b")
+    ]

@@ -30,6 +30,7 @@ from gateway.api.recorder import Recorder
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.provenance.keys import write_signing_key
+from gateway.routing.router import Router
 from gateway.serving import ServerThread
 from tests.helpers.audit_rig import ANSWER, request_log, settled
 from tests.helpers.gateways import (
@@ -211,12 +212,7 @@ def test_a_moved_backend_was_not_shown_unavailable_to_a_hosted_fallback(
     """`when_private_unavailable`: gpu-a failed, gpu-b was skipped as moved. gpu-b at its
     new address was never tried, so the request may not go hosted for it (as for a
     redeclared backend): the fallback is withheld, the client gets gpu-a's 503."""
-    provider = start_sim("vllm", models=("m",), zero_latency=True)
-    policies = rig.tmp_path / "policies"
-    policies.mkdir()
-    (policies / "p.yaml").write_text(FALLBACK_POLICY)
-    rig.policy = {"paths": ["policies"]}
-    rig.hosted = [hosted_backend("hosted", f"{provider.url}/v1", "m")]
+    provider = with_hosted_fallback(rig, start_sim)
     old, new = start_raw(json_answer(ANSWER)), start_raw(json_answer(ANSWER))
     rig.start(backend("gpu-b", old.url, "m", **EU_ZERO))
     rig.warm()
@@ -225,6 +221,66 @@ def test_a_moved_backend_was_not_shown_unavailable_to_a_hosted_fallback(
     assert served(provider) == 0, "a hosted fallback for a private backend never tried"
     assert response.status_code == 503, response.text
     assert dispatched_to(rig.records(response)) == ["gpu-a"]
+
+
+def with_hosted_fallback(rig: Rig, start_sim: Callable[..., Sim]) -> Sim:
+    """`rig` under FALLBACK_POLICY, its hosted backend a simulator (returned)."""
+    provider = start_sim("vllm", models=("m",), zero_latency=True)
+    policies = rig.tmp_path / "policies"
+    policies.mkdir()
+    (policies / "p.yaml").write_text(FALLBACK_POLICY)
+    rig.policy = {"paths": ["policies"]}
+    rig.hosted = [hosted_backend("hosted", f"{provider.url}/v1", "m")]
+    return provider
+
+
+@pytest.mark.parametrize("where", ["routed", "recorded"])
+def test_a_move_undone_before_the_fallback_leaves_the_backend_retired(
+    rig: Rig,
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """A reload moves gpu-b between routing and its turn (`routed`: skipped), or while its
+    dispatch record is written (`recorded`: it fails before it sends, its completion
+    saying why), and a second reload moves it back while gpu-a holds the request; gpu-a
+    then fails. gpu-b was sent nothing: the operator's config change is not gpu-b
+    failing, so under `when_private_unavailable` the request may not go hosted for it,
+    as for a rebuild at the same address (`retired`,
+    tests/integration/test_fallback_retired_pool.py). Before, the move counted `down`
+    (routed) or `failed` (recorded): once it was undone nothing left gpu-b out of the
+    fallback's basis, and the hosted provider served, its dispatch record saying so."""
+    provider = with_hosted_fallback(rig, start_sim)
+    old, new = start_raw(json_answer(ANSWER)), start_raw(json_answer(ANSWER))
+    rig.start(backend("gpu-b", old.url, "m", **EU_ZERO))
+    first = rig.send()  # gpu-a fails it at once, gpu-b serves; the next starts at gpu-b
+    assert first.status_code == 200, first.text
+    if where == "routed":
+        hold = Hold(monkeypatch, Router, "plan", after=True)
+    else:
+        at_b: Callable[..., bool] = lambda *a: a[4].id == "gpu-b"  # noqa: E731
+        hold = Hold(monkeypatch, Recorder, "dispatch", after=True, when=at_b)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(rig.send)
+        until(hold.entered.is_set, "the request routed", timeout=30)
+        rig.reload(backend("gpu-b", new.url, "m", **EU_ZERO))
+        hold.released.set()
+        until(lambda: len(rig.gpu_a.posts) == 2, "the request held at gpu-a", timeout=30)
+        rig.reload(backend("gpu-b", old.url, "m", **EU_ZERO))  # the move undone
+        rig.release.set()
+        response = pending.result(timeout=60)
+    assert served(provider) == 0, "a hosted fallback for a private backend never tried"
+    assert (len(old.posts), len(new.posts)) == (1, 0)
+    assert response.status_code == 503, response.text
+    records = rig.records(response)
+    if where == "routed":
+        assert dispatched_to(records) == ["gpu-a"]
+    else:
+        assert dispatched_to(records) == ["gpu-b", "gpu-a"]
+        moved = next(r for r in records if r["type"] == "completion")
+        assert (moved["status"], moved["response_commitment"]) == (503, None), moved
+        assert moved["error"] == "gpu-b: its address or TLS settings changed by a config reload"
 
 
 def test_a_reload_during_the_dispatch_record_stops_the_attempt_before_it_sends(

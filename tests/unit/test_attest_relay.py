@@ -368,3 +368,49 @@ def test_an_answer_to_a_connection_reset_before_it_is_told_is_not_countersigned(
 
     assert asyncio.run(main()) == b""
     assert records(tmp_path / "log") == []  # nothing countersigned, nothing logged
+
+
+@pytest.mark.parametrize(
+    "media_type",
+    [
+        b"text/event-streamX",
+        b"text/event-stream-extra",
+        b"text/event-stream; charset=latin-1",
+        b"application/jsonp",
+        b"application/json; charset=utf-16",
+        b"text/html",
+    ],
+)
+@pytest.mark.parametrize("framing", [b"content-length: %d\r\n", b""], ids=["length", "closed"])
+def test_an_answer_of_a_type_the_gateway_does_not_relay_is_never_countersigned(
+    tmp_path: Path, media_type: bytes, framing: bytes
+) -> None:
+    """The gateway relays an event stream or JSON, in UTF-8, and nothing else
+    (gateway/upstream/content_types.py): the sidecar took any type that began with
+    `text/event-stream` for a stream and countersigned it, a statement for an answer no
+    client of the gateway gets (and a stream whose charset the client would decode
+    otherwise). It is refused instead, with nothing signed or logged."""
+    events = b"data: {}\n\ndata: [DONE]\n\n"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\n%s\r\n%s" % (
+        media_type,
+        framing.replace(b"%d", b"%d" % len(events)),
+        events,
+    )
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    status, headers, body = parse(written)
+    assert status == 502, written
+    assert json.loads(body)["error"]["code"] == "upstream_error"
+    assert b"owngate-attest" not in written
+    assert b"[DONE]" not in written
+    assert "x-owngate-attest" not in headers
+
+
+@pytest.mark.parametrize("media_type", [b"application/json", b"application/json; charset=UTF-8"])
+def test_a_json_answer_is_countersigned_whatever_its_utf8_charset_says(
+    tmp_path: Path, media_type: bytes
+) -> None:
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: 2\r\n\r\n{}" % media_type
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    status, headers, body = parse(written)
+    assert (status, body) == (200, b"{}")
+    assert "x-owngate-attest" in headers
