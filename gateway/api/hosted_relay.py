@@ -256,12 +256,13 @@ class HostedRelay:
             raise TryNext(f"{backend.id}: {exc.message}", last_error(exc)) from exc
         if not response.is_stream:
             attempt.succeeded()  # a whole answer: what the gateway does with it is its own
-        if exchange.trail is not None:
-            # For reconciling with the provider's usage export: it cannot countersign.
-            exchange.trail.upstream = UpstreamIds.of(*response.provider_ids)
         try:
             await self._relay(exchange, attempt, response, send, ends_by)
         finally:
+            if exchange.trail is not None:
+                # For reconciling with the provider's usage export: it cannot countersign.
+                # Read once relayed: a stream's first chunk may name no answer (Azure's).
+                exchange.trail.upstream = UpstreamIds.of(*response.provider_ids)
             if exchange.answer is not None and not exchange.response_started:
                 exchange.answer.release()  # nothing of it went out: not held for the client
             await response.aclose()

@@ -4,22 +4,12 @@ own ids for it and the model it names (`provider_ids`), never an id LiteLLM made
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Final
+from typing import Any
 
-from gateway.upstream.hosted_stream import ProviderStream
+from gateway.upstream.hosted_stream import ProviderStream, answer_id
 
 __all__ = ["HostedResponse", "provider_ids"]
-
-# LiteLLM names an answer itself when the provider's carries no id, or one it does not
-# carry over (Anthropic's `msg_...`): `chatcmpl-` and a random UUID (`generate_id` in
-# litellm/types/utils.py). Recorded as the provider's, an auditor would look for it in
-# the provider's usage export in vain: it is recorded as missing. (A provider that names
-# its answers the same way loses its id from the record, never gains a false one.)
-_MADE_UP_ID: Final = re.compile(
-    r"chatcmpl-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
-)
 
 
 class HostedResponse:
@@ -49,10 +39,19 @@ class HostedResponse:
         self.usage = usage
         self.ignored_fields = ignored_fields
         self._stream = stream
-        # The provider's own ids for the answer, unchecked: the `id` of the answer (of a
-        # stream's first chunk), its response headers and its `model` (gateway/api/
-        # hosted_relay.py keeps only allow-listed, id-shaped ones).
-        self.provider_ids = provider_ids
+        self._ids = provider_ids
+
+    @property
+    def provider_ids(self) -> tuple[object, list[tuple[str, str]], object]:
+        """The provider's own ids for the answer, unchecked: the `id` of the answer, its
+        response headers and its `model` (gateway/api/hosted_relay.py keeps only
+        allow-listed, id-shaped ones). A stream's `id` and `model` are its first chunk's,
+        or, when that chunk names no answer (`ProviderStream.named`), those of the first
+        chunk read so far that does."""
+        named = None if self._stream is None else self._stream.named
+        if named is None:
+            return self._ids
+        return named[0], self._ids[1], named[1]
 
     @property
     def is_stream(self) -> bool:
@@ -83,17 +82,14 @@ def provider_ids(answer: Any, carrier: Any) -> tuple[object, list[tuple[str, str
     """The `id` of `answer`, the provider's response headers: those LiteLLM keeps on
     `carrier` as it received them (`_response_headers`), else its copies in
     `_hidden_params["additional_headers"]` (`_sent_headers`), and the `model` of `answer`
-    (the one the client's body names). An id of the shape LiteLLM makes up
-    (`_MADE_UP_ID`) is not the provider's: None."""
-    answer_id = getattr(answer, "id", None)
-    if isinstance(answer_id, str) and _MADE_UP_ID.match(answer_id):
-        answer_id = None
+    (the one the client's body names). An id of the shape LiteLLM makes up is not the
+    provider's, nor is an empty one: None (`answer_id`)."""
     received = getattr(carrier, "_response_headers", None)
     if not isinstance(received, Mapping) or not received:
         hidden = getattr(carrier, "_hidden_params", None)
         received = hidden.get("additional_headers") if isinstance(hidden, dict) else None
     headers = _sent_headers(received if isinstance(received, Mapping) else {})
-    return answer_id, headers, getattr(answer, "model", None)
+    return answer_id(answer), headers, getattr(answer, "model", None)
 
 
 def _sent_headers(headers: Mapping[Any, Any]) -> list[tuple[str, str]]:

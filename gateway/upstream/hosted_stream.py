@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import re
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -48,6 +49,7 @@ __all__ = [
     "ProviderStream",
     "StreamBoundNotFound",
     "after_init",
+    "answer_id",
     "close_stream",
     "encoded",
     "install_stream_bound",
@@ -69,6 +71,14 @@ _RESPONSES: Final = (
     "_estimate_usage_safely",
 )
 _KEEPS_LITTLE: Final = "_owngate_keeps_little"
+# LiteLLM names an answer itself when the provider's carries no id, or one it does not
+# carry over (Anthropic's `msg_...`): `chatcmpl-` and a random UUID (`generate_id` in
+# litellm/types/utils.py). Recorded as the provider's, an auditor would look for it in
+# the provider's usage export in vain: it is recorded as missing. (A provider that names
+# its answers the same way loses its id from the record, never gains a false one.)
+_MADE_UP_ID: Final = re.compile(
+    r"chatcmpl-[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z"
+)
 
 
 class ProviderStream:
@@ -94,6 +104,12 @@ class ProviderStream:
         self._provider = provider
         self._closed = False
         self._finished = False  # a finish reason came from the provider
+        # The `id` and `model` of the first chunk that names the answer with an id of the
+        # provider's, when the first chunk names none (Azure opens a stream with its
+        # prompt filter's results, no choices and `id: ""`), up to the first chunk with
+        # choices: what the record keeps (`HostedResponse.provider_ids`).
+        self.named: tuple[str, object] | None = None
+        self._unnamed = answer_id(first) is None
 
     async def events(self) -> AsyncIterator[tuple[bytes | None, dict[str, int] | None]]:
         while not self._closed:
@@ -131,6 +147,8 @@ class ProviderStream:
             if made_up_end(self._source):
                 break  # LiteLLM's own last chunk: the provider closed the stream unfinished
             self._finished = self._finished or _has_finish_reason(chunk)
+            if self._unnamed:
+                self._name(chunk)
             if made_up_usage(self._source):  # neither sent on nor recorded
                 data, _ = encoded(
                     self._provider,
@@ -153,6 +171,23 @@ class ProviderStream:
             return
         self._closed = True
         await close_stream(self._source)
+
+    def _name(self, chunk: Any) -> None:
+        """Look no further than the answer's first chunk with choices: chunks before it
+        (a prompt filter's) may name none."""
+        named = answer_id(chunk)
+        if named is not None:
+            self.named = (named, getattr(chunk, "model", None))
+        self._unnamed = named is None and not getattr(chunk, "choices", None)
+
+
+def answer_id(answer: Any) -> str | None:
+    """The `id` of a LiteLLM answer or chunk when the provider named it: None when it is
+    missing, empty or of the shape LiteLLM makes up (`_MADE_UP_ID`)."""
+    value = getattr(answer, "id", None)
+    if isinstance(value, str) and value and not _MADE_UP_ID.match(value):
+        return value
+    return None
 
 
 def made_up_end(source: Any) -> bool:

@@ -72,6 +72,14 @@ _FIELDS: Final[dict[str, frozenset[str]]] = {
     "embeddings": frozenset({"input", "dimensions", "encoding_format", "user"}),
 }
 _HANDLED: Final = frozenset({"model", "stream", "stream_options"})
+# LiteLLM 1.108.7 relays a stream of several choices with one finish reason: the first it
+# reads of any choice, put on index 0 at the stream's end (`CustomStreamWrapper` reads a
+# chunk's first choice only). The others never get theirs, so a choice the provider cut
+# short read as finished, `[DONE]` and all, and its record said 200. Refused unsent.
+_ONE_CHOICE_STREAMS: Final = (
+    "1 on a stream from a hosted provider (its adapter relays one choice's finish reason); "
+    "ask without `stream` for several choices"
+)
 # The keys of `stream_options` sent on (the same reference). The gateway always sets
 # `include_usage` (it accounts for tokens; `encode_chunk` keeps the usage chunk from a client
 # that did not ask). Any other key is left out, as a top-level field outside the
@@ -136,7 +144,8 @@ def request_params(
 
     Raises `InvalidField` for a field of the wrong JSON type, a malformed message, a
     missing required field (`messages`, `prompt`, `input`), or a schema whose `$ref`s
-    would expand past `schema_refs.MAX_INLINED` values.
+    would expand past `schema_refs.MAX_INLINED` values, or a stream of several choices
+    (`n` > 1: `_ONE_CHOICE_STREAMS`).
     Streams always ask the provider for usage (`stream_options.include_usage`): the
     gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
     from clients that did not ask for it. No other `stream_options` key is sent.
@@ -155,6 +164,8 @@ def request_params(
     if isinstance(options, dict):
         ignored += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTIONS]
     if endpoint != "embeddings" and doc.get("stream") is True:
+        if (params.get("n") or 1) > 1:
+            raise InvalidField("n", _ONE_CHOICE_STREAMS)
         params["stream"] = True
         params["stream_options"] = {"include_usage": True}
     return params, tuple(sorted(ignored))

@@ -185,3 +185,63 @@ def test_the_record_names_only_the_request_id_headers_the_provider_sent(
         "request_ids": [{"header": "x-request-id", "value": "req_own-0002"}],
         "model": "m",
     }
+
+
+# Azure OpenAI opens a stream with its prompt filter's results: a chunk with no choices and
+# `id: ""` (and `model: ""`), before the chunks that carry the answer's id.
+PROMPT_FILTER_CHUNK = {
+    "id": "",
+    "object": "",
+    "created": 0,
+    "model": "",
+    "choices": [],
+    "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}],
+}
+
+
+def _stream_named_late(first: dict[str, object]) -> Answer:
+    """A stream whose `first` chunk names no answer, then the answer `chatcmpl-late_0003`."""
+    chunk = {"id": "chatcmpl-late_0003", "object": "chat.completion.chunk", "model": "m"}
+    events = [
+        first,
+        {**chunk, "choices": [{"index": 0, "delta": {"content": "hi"}}]},
+        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    body += b"data: [DONE]\n\n"
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        return False
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "first",
+    [PROMPT_FILTER_CHUNK, {k: v for k, v in PROMPT_FILTER_CHUNK.items() if k != "id"}],
+    ids=["empty-id", "no-id"],
+)
+def test_a_stream_opened_by_a_chunk_naming_no_answer_is_recorded_by_the_answers_id(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    first: dict[str, object],
+) -> None:
+    """The record named the stream's first chunk's id, so a stream opened by one naming
+    no answer (Azure's prompt filter results) was recorded with none, though every chunk
+    of the answer the client got carried the provider's id. Without an id of its own, the
+    first chunk gets LiteLLM's made-up one, which is never recorded either."""
+    provider = start_raw(_stream_named_late(first))
+    gateway = hosted_gateway(start_gateway, tmp_path, f"{provider.url}/v1", "m")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    response = httpx.post(
+        f"{gateway.url}/v1/chat/completions", json=body, headers=gateway.headers, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    assert b'"id":"chatcmpl-late_0003"' in response.content  # what the client got
+    record = completion_record(tmp_path / "log", response.headers["x-request-id"])
+    assert record["status"] == 200
+    assert record["upstream"]["response_id"] == "chatcmpl-late_0003"

@@ -55,7 +55,12 @@ HOSTED: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         chunked(HOSTED_EVENT, HOSTED_END, HOSTED_USAGE, DONE),
         {**HOSTED_ASK, "stream_options": {"include_usage": True}},
     ),
-    "stream-n2-tools": (
+    "stream-tools": (
+        chunked(HOSTED_EVENT, HOSTED_TOOL, HOSTED_END, HOSTED_USAGE, DONE),
+        {**HOSTED_ASK, "stream_options": {"include_usage": True}},
+    ),
+    # Refused unsent (tests/integration/test_hosted_stream_choices.py): a refusal record.
+    "stream-n2-refused": (
         chunked(HOSTED_EVENT, HOSTED_N2, HOSTED_TOOL, HOSTED_END, HOSTED_USAGE, DONE),
         {**HOSTED_ASK, "n": 2, "stream_options": {"include_usage": True}},
     ),

@@ -91,3 +91,24 @@ def test_only_include_usage_of_stream_options_is_sent(stream: bool) -> None:
         "stream_options.include_obfuscation",
         "stream_options.x",
     )
+
+
+@pytest.mark.parametrize(
+    ("n", "stream", "refused"),
+    [(2, True, True), (8, True, True), (1, True, False), (None, True, False), (2, False, False)],
+)
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_stream_of_several_choices_is_the_clients_error(
+    endpoint: str, n: int | None, stream: bool, refused: bool
+) -> None:
+    # LiteLLM relays a stream of several choices with one finish reason (on index 0): a
+    # choice cut short was relayed, `[DONE]` and all, as finished (tests/integration/
+    # test_hosted_stream_choices.py). Whole answers of several choices pass.
+    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "n": n, "stream": stream}
+    if not refused:
+        params, _ = request_params(endpoint, doc)  # type: ignore[arg-type]
+        assert params.get("n") == n and params.get("stream") is (stream or None)
+        return
+    with pytest.raises(InvalidField) as error:
+        request_params(endpoint, doc)  # type: ignore[arg-type]
+    assert error.value.param == "n"
