@@ -13,7 +13,8 @@ from records so proved, and whether the answer was countersigned (`owngate audit
 gateway's, on a stream its record says broke off; `check_countersignature_in_log`
 that the backend's countersignature a receipt carries is the one the log recorded for
 its answer, `uncountersigned_error` that a receipt of an attested backend carrying none
-is of an error answer, which no backend countersigns; `read_receipt` reads a receipt
+is of an error answer, which no backend countersigns; each judges the one completion of
+the receipt's dispatch, and fails on a log holding two. `read_receipt` reads a receipt
 file within verify_receipt's cap.
 """
 
@@ -169,14 +170,12 @@ def receipt_commitment(
         if not isinstance(found, str):
             raise LogVerificationError(f"entry {receipt.index} holds no request commitment")
         return LoggedCommitment(found)
-    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
-    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
-        found = record.data.get("response_commitment")
-        if record.type == "completion" and record.data["dispatch"] == link and found:
-            _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
-            countersigned = statement_of_records(dispatch.data, record.data) is not None
-            status = record.data["status"]
-            return LoggedCommitment(str(found), countersigned, index, status)
+    completion = _completion(log, receipt, proved)
+    found = None if completion is None else completion[1].data.get("response_commitment")
+    if completion is not None and found:
+        index, record = completion
+        countersigned = statement_of_records(dispatch.data, record.data) is not None
+        return LoggedCommitment(str(found), countersigned, index, record.data["status"])
     raise LogVerificationError(
         f"the log holds no response commitment for entry {receipt.index} of request "
         f"{receipt.request_id!r} (a completion with one, linking to it)"
@@ -198,17 +197,13 @@ def check_countersignature_in_log(
         raise LogVerificationError(
             f"the countersigned request commitment differs from entry {receipt.index}'s"
         )
-    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
-    completions = 0
-    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
-        if record.type != "completion" or record.data["dispatch"] != link:
-            continue
-        completions += 1
+    completion = _completion(log, receipt, proved)
+    if completion is not None:
+        index, record = completion
         logged = statement_of_records(dispatch.data, record.data)
         if logged is not None and logged[0] == statement:
-            _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
             return index
-    if not completions:
+    if completion is None:
         raise LogVerificationError(
             f"the log's checkpoint of size {proved.size} holds no completion of entry "
             f"{receipt.index} yet, so the countersignature cannot be checked against it "
@@ -232,10 +227,9 @@ def uncountersigned_error(
     otherwise: an answer below 400, or one whose countersignature the log accepted and
     the receipt lacks, or no completion yet."""
     dispatch = parse_record(proved.entry)
-    link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
-    for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
-        if record.type != "completion" or record.data["dispatch"] != link:
-            continue
+    completion = _completion(log, receipt, proved)
+    if completion is not None:
+        index, record = completion
         status = record.data["status"]
         if status < 400 or statement_of_records(dispatch.data, record.data) is not None:
             raise SignatureError(
@@ -243,7 +237,6 @@ def uncountersigned_error(
                 f"countersignature (entry {index}, its completion, says status {status}"
                 + (")" if status < 400 else " and holds an accepted one)")
             )
-        _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
         return index, status
     raise LogVerificationError(
         f"backend {receipt.backend} is attested, but the receipt carries no countersignature, "
@@ -260,14 +253,42 @@ def completion_that_sent_nothing(
     checkpoint, when it says the attempt on `backend` sent nothing (its connection or its
     certificate refused: `sent_nothing`), else None. Such a dispatch names no key, and is
     no request sent over plain HTTP (`owngate audit receipt verify --backend-pin`)."""
+    completion = _completion(log, receipt, proved)
+    if completion is None or not sent_nothing(completion[1].data, backend):
+        return None
+    return completion[0]
+
+
+def _completion(
+    log: LogDirectory, receipt: Receipt, proved: ReceiptInclusion
+) -> tuple[int, Record] | None:
+    """The completion of the receipt's dispatch in the checkpoint `proved` reached, proved
+    there from the bytes it was parsed from; None when there is none yet. A dispatch has
+    one completion (`audit.links`, as `verify_log` holds it): a second fails, else a check
+    took whichever suited it (an error status needing no countersignature before the
+    countersigned answer)."""
     link = {"index": receipt.index, "hash": receipt.dispatch_hash.hex()}
+    found: tuple[int, bytes, Record] | None = None
     for index, entry, record in log.find_request_entries(receipt.request_id, proved.size):
-        if record.type == "completion" and record.data["dispatch"] == link:
-            if not sent_nothing(record.data, backend):
-                return None
-            _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
-            return index
-    return None
+        if record.type != "completion" or record.data["dispatch"]["index"] != receipt.index:
+            continue
+        if found is not None:
+            raise LogVerificationError(
+                f"entries {found[0]} and {index} both complete entry {receipt.index}, the "
+                "receipt's dispatch: a dispatch has one completion (audit verify refuses "
+                "this log)"
+            )
+        if record.data["dispatch"] != link:
+            raise LogVerificationError(
+                f"entry {index} completes entry {receipt.index}, the receipt's dispatch, "
+                "with another hash than its record's"
+            )
+        found = (index, entry, record)
+    if found is None:
+        return None
+    index, entry, record = found
+    _prove(log, index, leaf_hash(entry), proved.size, proved.root)  # the bytes judged
+    return index, record
 
 
 def _prove(log: LogDirectory, index: int, leaf: bytes, size: int, root: bytes) -> None:
