@@ -96,6 +96,28 @@ def test_a_receipt_the_retired_key_signs_under_its_own_late_checkpoint_is_refuse
         verify_log(log, keys)  # as `audit verify` refused it already
 
 
+def test_a_late_checkpoint_kept_out_of_the_history_keeps_the_rotation_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no history file covering the receipt's entry, the receipt checks take the
+    log's served checkpoint as the first to cover it. Before, they held only a history
+    file to the rotation order: whoever kept A signed the served checkpoint alone, left
+    its history file out (and any above the entry), and the receipt A signed passed."""
+    log = tmp_path / "log"
+    _rotated(log)
+    late = _phase(log, OLD, [], 3)  # A appends and signs alone after the rotation
+    for path in (log / "checkpoints").iterdir():
+        if int(path.name) > late.receipt.index:
+            path.unlink()  # the served checkpoint alone covers the late entry
+    forged = make_receipt(late.receipt, OLD)
+    keys = [OLD.verifier(), NEW.verifier()]
+    with pytest.raises(LogVerificationError, match="retired by a rotation signed again"):
+        check_receipt_key(LogDirectory(log), forged, verify_receipt(forged, keys), keys)
+    capsys.readouterr()
+    assert _receipt_checks(log, forged, tmp_path) == [1, 1]
+    assert capsys.readouterr().err.count("a key retired by a rotation signed again") == 2
+
+
 def test_receipts_of_an_honest_rotation_still_verify(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

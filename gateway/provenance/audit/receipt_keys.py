@@ -83,9 +83,10 @@ def check_receipt_key(
     """Raise LogVerificationError unless a key of `verifiers` that signed the receipt (one
     `verify_receipt` accepted) signed the first checkpoint of the log's history that covers
     the receipt's entry; without a history file covering it, the latest checkpoint. The
-    history up to that file must keep the rotation order (`audit.rotation`); it is read
-    one file at a time, no listing kept; past `max_checkpoints` files it fails naming the
-    limit (the operator under audit may have padded `checkpoints/`)."""
+    history below that checkpoint (either one) must keep the rotation order with it
+    (`audit.rotation`); it is read one file at a time, no listing kept; past
+    `max_checkpoints` files it fails naming the limit (the operator under audit may have
+    padded `checkpoints/`)."""
     signers = {str(verifier) for verifier in receipt_signers(envelope, verifiers)}
     try:
         first = first_history_above(log.path, receipt.index, max_checkpoints)
@@ -104,7 +105,9 @@ def check_receipt_key(
         ) from exc
     if first is not None:
         _check_size(signed, *first)
-        _check_rotation_order(log, signed, receipt, verifiers, max_checkpoints)
+    # the served checkpoint too: else whoever kept a retired key signed it alone and left
+    # its history file out, and the order was never applied
+    _check_rotation_order(log, signed, receipt, verifiers, max_checkpoints)
     keys = {f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified}
     if not signers & keys:
         raise LogVerificationError(
@@ -132,14 +135,15 @@ def _check_rotation_order(
     verifiers: Sequence[Verifier],
     limit: int,
 ) -> None:
-    """Raise LogVerificationError unless `covering`, the first history checkpoint to cover
-    the receipt's entry, keeps the rotation order (`audit.rotation`) after the history
-    below it. That order is decided by the checkpoints where a key first signed alone, so
-    those below it are found in one pass over `checkpoints/` in any order, keeping one
-    per key (never a listing): then they and `covering` are checked in size order. The
-    leading checkpoints no key of `verifiers` signed (before a rotation, the auditor
-    holding only the new key) are skipped as `verify_log --accept-earlier-keys` skips
-    them; one after a trusted one is refused."""
+    """Raise LogVerificationError unless `covering`, the first checkpoint to cover the
+    receipt's entry (a history file's, else the served one), keeps the rotation order
+    (`audit.rotation`) after the history below it. That order is decided by the
+    checkpoints where a key first signed alone, so those below it are found in one pass
+    over `checkpoints/` in any order, keeping one per key (never a listing): then they
+    and `covering` are checked in size order. The leading checkpoints no key of
+    `verifiers` signed (before a rotation, the auditor holding only the new key) are
+    skipped as `verify_log --accept-earlier-keys` skips them; one after a trusted one is
+    refused."""
     introduced: dict[str, SignedCheckpoint] = {}  # key -> the first checkpoint it signed
     unsigned: list[int] = []  # the least and the greatest size no trusted key signed
     first_trusted = covering.checkpoint.size
