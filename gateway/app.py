@@ -81,6 +81,7 @@ def assemble(
     config_dir: Path,
     clock: Callable[[], float] = time.monotonic,
     running: Assembly | None = None,
+    revocations_dir: Path | None = None,
 ) -> Assembly:
     """Every part of a gateway built from `config`.
 
@@ -88,14 +89,16 @@ def assemble(
     `clock` is what backend health, breakers and scrape ages read. `running` is the
     assembly a config reload replaces: the new one keeps its metrics, shared state and
     recorder (one log for the process's life), and the backends whose settings did not
-    change keep their connection pools, in-flight counts and health.
+    change keep their connection pools, in-flight counts and health. `revocations_dir`
+    anchors `state.revocations_file`, this host's revoked keys list, read as the state is
+    built (None: no list, as for a config only validated).
 
     Raises `AssemblyError` (a ValueError) naming every problem, or the ValueError of a
     shared-state setting or an `OTEL_*` variable checkable only here (built first)."""
     if running is None:
         tracing = tracing_settings(environ)  # OpenTelemetry traces: off unless asked for
         metrics = GatewayMetrics()
-        state = _shared_state(config.state, environ)
+        state = _shared_state(config.state, environ, revocations_dir)
         recorder = (
             None
             if config.provenance is None
@@ -226,8 +229,11 @@ def _keep_unchanged_backends(registry: Registry, previous: Registry, same_limits
     }
 
 
-def _shared_state(settings: StateSettings, environ: Mapping[str, str]) -> SharedState:
-    """The configured state; in a worker of `serve --workers N`, its place among them."""
+def _shared_state(
+    settings: StateSettings, environ: Mapping[str, str], revocations_dir: Path | None
+) -> SharedState:
+    """The configured state; in a worker of `serve --workers N`, its place among them.
+    Reads this host's revoked keys list (raises `RevocationListError` when it cannot)."""
     return create_state(
         settings.backend,
         settings.url,
@@ -240,6 +246,9 @@ def _shared_state(settings: StateSettings, environ: Mapping[str, str]) -> Shared
         workers=limit_copies(environ),
         worker_index=limit_part(environ),
         restarted=restarted_worker(environ),
+        revocations_file=(
+            None if revocations_dir is None else revocations_dir / settings.revocations_file
+        ),
     )
 
 
@@ -256,8 +265,9 @@ def create_app(
 ) -> GatewayApp:
     """The gateway ASGI app for a validated config (raises what `assemble` raises).
 
-    `config_dir` anchors relative paths in the config (policy files; default: the working
-    directory); `environ` supplies `${...}`-free secrets such as backend keys (default: the
+    `config_dir` anchors relative paths in the config (policy files, this host's revoked
+    keys list: none is kept without `config_dir`; default: the working directory);
+    `environ` supplies `${...}`-free secrets such as backend keys (default: the
     process environment); `clock` is what backend health, breakers and scrape ages read
     (monotonic seconds). With `config_file`, the app reloads that file on SIGHUP and when
     it (or its keys file) changes, each loaded config passed through `prepare` first;
@@ -268,7 +278,8 @@ def create_app(
     """
     env = dict(os.environ if environ is None else environ)
     directory = config_dir or Path.cwd()
-    app = GatewayApp(assemble(config, env, config_dir=directory, clock=clock), directory)
+    assembly = assemble(config, env, config_dir=directory, clock=clock, revocations_dir=config_dir)
+    app = GatewayApp(assembly, directory)
     app.environ = env
     if config_file is not None:
 

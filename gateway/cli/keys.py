@@ -15,6 +15,7 @@ from typing import Any
 from gateway.cli._common import env_default, load_or_report, usage
 from gateway.config import GatewaySettings
 from gateway.provenance.audit.shown import MAX_SHOWN_MESSAGE, shown
+from gateway.state.revocation_list import add_revocations
 from gateway.tenants import (
     add_key_hash,
     hash_api_key,
@@ -72,14 +73,16 @@ def register(subparsers: Any) -> None:
         "revoke",
         help="stop accepting a tenant API key",
         description="Revoke a tenant API key, given as the key or as its 'sha256:<hex>' "
-        "digest. With 'state: redis' in the config the revocation is stored in Redis and "
+        "digest. It is added to this host's revoked keys list (state.revocations_file), "
+        "which every gateway started here later reads: they refuse it, Redis up or down. "
+        "With 'state: redis' in the config the revocation is stored in Redis and "
         "every running replica that reaches Redis refuses the key within one sync "
         "interval (a degraded one once it reaches Redis again); the digest is "
         "also removed from the keys_file (atomically), so restarted gateways do not accept "
         "it either. Without Redis only the keys_file changes: running gateways refuse the "
         "key once they reload the keys_file (its poll sees the change, or SIGHUP) or at a "
         "restart. Exit codes: 0 revoked, 1 failed "
-        "(unknown key, Redis unreachable, invalid config), 2 usage.",
+        "(unknown key, Redis unreachable, the list not written, invalid config), 2 usage.",
     )
     revoke.add_argument("key", metavar="KEY_OR_HASH", help="the API key or its sha256: digest")
     revoke.add_argument(
@@ -148,6 +151,7 @@ def _revoke(args: argparse.Namespace) -> int:
         print(f"error: no tenant in {args.config} has the key {key_hash}", file=sys.stderr)
         return 1
     saved = shared and _store_revocation(config, key_hash)
+    listed = _list_revocation(Path(args.config).parent / config.state.revocations_file, key_hash)
     if in_file and keys_path is not None:
         try:
             tenant = remove_key_hash(keys_path, key_hash)
@@ -169,9 +173,26 @@ def _revoke(args: argparse.Namespace) -> int:
             "their poll of the keys file) or restart",
             file=sys.stderr,
         )
-    if shared and not saved:
-        return 1  # asked to revoke on every replica now, and that did not happen
+    if (shared and not saved) or not listed:
+        return 1  # asked to revoke on every replica (or this host) now: that did not happen
     return 0 if saved or in_file else 1
+
+
+def _list_revocation(path: Path, key_hash: str) -> bool:
+    """Add the digest to this host's revoked keys list (`state.revocations_file`): every
+    gateway process started here later refuses the key, Redis up or down."""
+    try:
+        add_revocations(path, [key_hash])
+    except (OSError, ValueError) as exc:  # RevocationListError: a list it cannot read
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"error: {path} was not changed: {why}", file=sys.stderr)
+        return False
+    print(
+        f"listed {key_hash} in {path}: gateways started on this host refuse it from their "
+        "start, Redis up or down",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _store_revocation(config: GatewaySettings, key_hash: str) -> bool:

@@ -261,6 +261,8 @@ class StateSettings(_Strict):
     sync_interval_s: float = Field(default=0.1, gt=0)
     lease_ttl_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=16, ge=2)
+    # This host's revoked keys list, relative to the config's directory (docs/state.md)
+    revocations_file: str = Field(default="revoked-keys", min_length=1)
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> StateSettings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 from gateway.state.memory import (
@@ -21,6 +22,8 @@ from gateway.state.memory import (
     restarted_worker,
     unsplittable,
 )
+from gateway.state.revocation_keeper import KeptRevocations
+from gateway.state.revocation_list import RevocationListError
 from gateway.state.types import (
     Admission,
     LimitName,
@@ -40,6 +43,7 @@ __all__ = [
     "MemoryState",
     "PeersListener",
     "RateLimited",
+    "RevocationListError",
     "SharedState",
     "StateStatus",
     "TenantLimits",
@@ -66,6 +70,7 @@ def create_state(
     workers: int = 1,
     worker_index: int = 1,
     restarted: bool = False,
+    revocations_file: Path | None = None,
 ) -> SharedState:
     """Build the configured state; nothing connects until `start()` (in the lifespan).
 
@@ -77,9 +82,14 @@ def create_state(
     own that enforces part `worker_index` (`limit_part`) of every tenant limit, or counts
     as a replica on Redis from the start (a worker that never reached Redis splits each
     limit over them). `restarted`: a worker started again after it died; with memory
-    state its parts start spent (`MemoryState`)."""
+    state its parts start spent (`MemoryState`). `revocations_file`: this host's revoked
+    keys list, read here (raises `RevocationListError`, a ValueError, when it cannot be:
+    no state, no start) and enforced from the first request, Redis up or down."""
+    kept = KeptRevocations(revocations_file) if revocations_file is not None else None
     if backend == "memory":
-        return MemoryState(clock=clock, parts=workers, index=worker_index, restarted=restarted)
+        return MemoryState(
+            clock=clock, parts=workers, index=worker_index, restarted=restarted, kept=kept
+        )
     if not url:
         raise ValueError("state backend 'redis' needs a url (redis://host:port/db)")
     # Imported here so that redis-py loads only when Redis is configured.
@@ -95,4 +105,5 @@ def create_state(
         lease_ttl_s=lease_ttl_s,
         max_connections=max_connections,
         clock=clock,
+        kept=kept,
     )

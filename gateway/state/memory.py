@@ -1,10 +1,11 @@
-"""`MemoryState`: shared state for one process (the default; no Redis, no I/O).
+"""`MemoryState`: shared state for one process (the default; no Redis, no network I/O).
 
 Limits hold in this process alone; under `serve --workers N` each worker enforces its
 part of every tenant limit (`TenantLimits.part`: the limit split exactly over the N
 workers, so together they never admit more than the limit). In-flight counts are this
-process's own, revocations last until the process exits (the keys file stays the
-durable source of who may call).
+process's own; revocations last until the process exits, and with this host's revoked
+keys list (`kept`, revocation_keeper.py) are written there and enforced by every process
+started on the host later (the keys file stays the source of who may call).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from gateway.state.ledger import Ledger
+from gateway.state.revocation_keeper import KeptRevocations
 from gateway.state.types import (
     Admission,
     PeersListener,
@@ -127,12 +129,14 @@ class MemoryState:
         parts: int = 1,
         index: int = 1,
         restarted: bool = False,
+        kept: KeptRevocations | None = None,
     ) -> None:
         self._ledger = Ledger(clock, spent=restarted and parts > 1)
         self._parts = max(1, parts)
         self._index = min(max(index, 1), self._parts)
         self._inflight: dict[str, int] = {}
-        self._revoked: set[str] = set()
+        self._kept = kept  # this host's revoked keys list, read already: enforced from start
+        self._revoked: set[str] = set(kept.known) if kept is not None else set()
 
     @property
     def healthy(self) -> bool:
@@ -146,7 +150,8 @@ class MemoryState:
         return None
 
     async def close(self) -> None:
-        return None
+        if self._kept is not None:
+            await self._kept.close()
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
         """Admit one request of `tenant` or raise `RateLimited`."""
@@ -197,6 +202,9 @@ class MemoryState:
         if not key_hash:
             raise ValueError("revoke_key needs a key hash")
         self._revoked.add(key_hash)
+        if self._kept is not None:  # processes started on this host later refuse it too
+            self._kept.note([key_hash])
+            await self._kept.flush()
         return True
 
     def is_revoked(self, key_hash: str) -> bool:

@@ -1,7 +1,8 @@
 """Key revocations shared through Redis, for `RedisState` (redis_state.py).
 
 `RevokedKeys` is this replica's cache of every revoked key digest (`is_revoked` never
-calls Redis, and a revocation once seen stays), the ones made here that Redis has not
+calls Redis, and a revocation once seen stays; it starts with this host's list,
+revocation_list.py), the ones made here that Redis has not
 stored yet (made while it was away), and the version of the Redis set last read. The
 background sync calls `sync` with the version and size each HEARTBEAT reads: a new
 version is read in whole, and whatever Redis lacks is pushed back to it.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterable
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -41,13 +43,15 @@ return out
 class RevokedKeys:
     """Revoked key digests: cached here, stored in Redis, pushed back when it lacks some."""
 
-    def __init__(self, keys: RedisKeys, client: Redis, timeout_s: float) -> None:
+    def __init__(
+        self, keys: RedisKeys, client: Redis, timeout_s: float, known: Iterable[str] = ()
+    ) -> None:
         self._keys = keys
         self._client = client
         self._script = client.register_script(lua.REVOKE)
         self._read = client.register_script(READ)
         self._timeout_s = timeout_s
-        self._revoked: set[str] = set()
+        self._revoked: set[str] = set(known)  # this host's list (revocation_list.py)
         self._pending: set[str] = set()  # revoked here, not yet stored in Redis
         self._version = 0
         self._foreign = 0  # members of the set as last read that are no digest (not ours)
@@ -85,15 +89,18 @@ class RevokedKeys:
             raise
         return True
 
-    async def sync(self, version: int, stored: int, *, reread: bool = False) -> None:
+    async def sync(self, version: int, stored: int, *, reread: bool = False) -> set[str]:
         """Read Redis's set when its `version` moved, it holds digests not cached here,
         or `reread` (a resync: now and then whatever the counts say, as another program
         may have swapped a digest for a foreign member); push back the ones it lacks.
-        `stored` is the set's size, foreign members (as the last read counted) included."""
+        `stored` is the set's size, foreign members (as the last read counted) included.
+        Returns the digests learned (not cached here before)."""
         keys = self._keys
+        learned: set[str] = set()
         if reread or version != self._version or stored - self._foreign > len(self._revoked):
             size, members = _read_reply(await self._read(keys=[keys.revoked]))
-            self._revoked.update(members)
+            learned = set(members) - self._revoked
+            self._revoked.update(learned)
             self._version = version
             self._foreign = size - len(members)
             stored = size
@@ -104,6 +111,7 @@ class RevokedKeys:
         if push:
             await self._script(keys=[keys.revoked, keys.revoked_version], args=sorted(push))
             self._pending -= push
+        return learned
 
 
 def _read_reply(reply: Any) -> tuple[int, list[str]]:

@@ -45,6 +45,7 @@ from gateway.state.redis_limits import RedisLimits
 from gateway.state.redis_restore import BudgetRestore
 from gateway.state.redis_revocations import RevokedKeys
 from gateway.state.redis_slots import HeldSlots
+from gateway.state.revocation_keeper import KeptRevocations
 from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits, TenantUse
 
 __all__ = ["RedisKeys", "RedisState", "default_replica_id"]
@@ -67,6 +68,7 @@ class RedisState:
         max_connections: int = 16,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 1,
+        kept: KeptRevocations | None = None,
     ) -> None:
         replica = replica_id or default_replica_id()
         if not _NAME.match(replica) or "|" in replica:
@@ -106,7 +108,11 @@ class RedisState:
         self._inflight: dict[str, int] = {}  # this replica's, exact
         self._others: dict[str, int] = {}  # the other live replicas', as of the last sync
         self._peer_listeners: list[PeersListener] = []
-        self._revocations = RevokedKeys(self._keys, self._sync_client, self._sync_timeout_s)
+        # This host's revoked keys list (`kept`, read already): enforced from the start,
+        # Redis up or down, and given each revocation made or learned here.
+        self._kept = kept
+        known = kept.known if kept is not None else ()
+        self._revocations = RevokedKeys(self._keys, self._sync_client, self._sync_timeout_s, known)
         self._beats = 0
         self._resync_every = max(1, round(lease_ttl_s / sync_interval_s))
         self._task: asyncio.Task[None] | None = None
@@ -124,6 +130,8 @@ class RedisState:
         if self._task is not None:
             return
         await self._sync()
+        if self._kept is not None:
+            await self._kept.flush()  # what the first sync learned
         self._task = asyncio.create_task(self._run(), name=f"owngate-state-{self.replica_id}")
         self._task.add_done_callback(self._sync_stopped)
 
@@ -148,6 +156,8 @@ class RedisState:
                 await asyncio.wait({task}, timeout=self._sync_timeout_s + self._interval_s)
             if deregister and self._health.healthy:
                 await self._leave()
+            if self._kept is not None:
+                await self._kept.close()  # what was learned last outlives the process
         finally:
             try:
                 await self._client.aclose()
@@ -170,6 +180,8 @@ class RedisState:
         while not self._closing:
             await asyncio.sleep(self._interval_s)
             await self._sync()
+            if self._kept is not None:
+                self._kept.flush_soon()
 
     # health
 
@@ -242,10 +254,14 @@ class RedisState:
         without trying Redis now (what the admin record, written first, said)."""
         try:
             healthy = share and self._health.healthy
-            return await self._revocations.revoke(key_hash, healthy=healthy)
+            shared = await self._revocations.revoke(key_hash, healthy=healthy)
         except FAILURES as exc:
             self._health.failed("revocation", exc, self._sync_timeout_s)
-            return False
+            shared = False
+        if self._kept is not None:  # this host's list, Redis or not
+            self._kept.note([key_hash])
+            await self._kept.flush()
+        return shared
 
     def is_revoked(self, key_hash: str) -> bool:
         """From the local cache: never a Redis call, and a revocation once seen stays."""
@@ -292,7 +308,9 @@ class RedisState:
                 return
         self._health.replicas = max(self._workers, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
-        await self._revocations.sync(int(reply[2]), int(reply[3]), reread=reply[0] == 1)
+        learned = await self._revocations.sync(int(reply[2]), int(reply[3]), reread=reply[0] == 1)
+        if learned and self._kept is not None:
+            self._kept.note(learned)
 
     async def _restore(self) -> None:
         """Before a resync renews the lease: put back the budget use this replica's
