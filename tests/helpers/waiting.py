@@ -3,7 +3,10 @@
 A test that waits for something another thread, task or process does polls a condition
 with `until` (or `until_async` inside an event loop): it returns as soon as the condition
 holds and fails the test, naming what it awaited, once `timeout` seconds pass without it.
-A busy machine makes the wait longer, never the test wrong.
+A busy machine makes the wait longer, never the test wrong: the default bound, 30 s, only
+ends a hang. (It was 10 s: little room on a machine running the whole suite in one
+process beside other jobs, where a subprocess's start or LiteLLM's import takes seconds;
+a wait that holds returns at once, so the bound costs a passing test nothing.)
 """
 
 from __future__ import annotations
@@ -13,14 +16,16 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-__all__ = ["until", "until_async"]
+__all__ = ["DEFAULT_TIMEOUT_S", "until", "until_async"]
+
+DEFAULT_TIMEOUT_S = 30.0  # bounds a hang only
 
 
 def until(
     condition: Callable[[], bool],
     what: str,
     *,
-    timeout: float = 10.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.01,
     detail: Callable[[], object] | None = None,
 ) -> float:
@@ -42,7 +47,7 @@ async def until_async(
     condition: Callable[[], bool | Awaitable[bool]],
     what: str,
     *,
-    timeout: float = 10.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
     interval: float = 0.01,
     detail: Callable[[], object] | None = None,
 ) -> float:

@@ -128,11 +128,13 @@ def test_slow_bodies_on_many_connections_hold_at_most_the_budget(
 def test_a_backend_failure_gives_the_body_back(
     start_sidecar: Callable[..., AttestThread],
 ) -> None:
-    with socket.socket() as unused:  # a port nothing listens on: the backend is down
+    # A port bound, never listening, held for the whole test: the backend is down. Released
+    # at once (as it was), the sidecar's own bind(0) or another server's could take it.
+    with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    sidecar = start_sidecar(backend=f"http://127.0.0.1:{port}")
-    for _ in range(SLOTS + 1):  # more than the budget holds, one after another
-        raw = exchange(sidecar, _head(MAX_BODY) + _padded())
-        assert parse(raw)[0] == 503, raw[:300]
-        _wait_held(sidecar, 0)
+        sidecar = start_sidecar(backend=f"http://127.0.0.1:{port}")
+        for _ in range(SLOTS + 1):  # more than the budget holds, one after another
+            raw = exchange(sidecar, _head(MAX_BODY) + _padded())
+            assert parse(raw)[0] == 503, raw[:300]
+            _wait_held(sidecar, 0)

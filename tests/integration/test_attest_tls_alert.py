@@ -90,6 +90,9 @@ def _refused(gateway: Gateway, sim: Sim, sidecar: AttestThread) -> str:
         response = httpx.post(
             f"{gateway.url}/v1/chat/completions", json=BODY, headers=gateway.headers, timeout=30
         )
+        # The access line is written once the answer went out: the client may have read
+        # the answer first, and a line written after this block is not in `logs`.
+        until(lambda: '"event":"request"' in logs.getvalue(), "the request's access line")
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "backend_unavailable"  # the why: metrics
     assert served(sim) == 0

@@ -189,7 +189,9 @@ def test_a_restarted_gateway_learns_the_witness_size_from_its_409(
 
     async def run_once(first: int) -> int:
         log = await ProvenanceLog.open(logdir, ORIGIN, LOG_SIGNER)
-        client = WitnessClient(witness_server.url, W1.vkey, timeout=2)
+        # One attempt, whose answer is awaited: the timeout only bounds a hang (2 s left a
+        # busy machine's signing and state write little room, with no retry after it).
+        client = WitnessClient(witness_server.url, W1.vkey, timeout=30)
         cosigning = Cosigning(log, logdir, [client], retry_min_s=0.05)
         for n in range(first, first + 3):
             await log_request(log, n)

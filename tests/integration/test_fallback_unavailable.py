@@ -79,8 +79,11 @@ def setup(
 
 
 def post(gateway: Gateway) -> httpx.Response:
+    """The chat, with a read timeout that only bounds a hang: the first request of a
+    process that goes hosted waits for LiteLLM's import (seconds of CPU, tens of them on a
+    busy machine), and a 30 s one read as a failure of the fallback."""
     url = f"{gateway.url}/v1/chat/completions"
-    return httpx.post(url, json=CHAT, headers=gateway.headers, timeout=30)
+    return httpx.post(url, json=CHAT, headers=gateway.headers, timeout=90)
 
 
 def test_no_fallback_while_a_private_backend_was_never_tried(setup: Start) -> None:

@@ -433,7 +433,7 @@ def test_disconnect_frees_the_slot(sim: Start) -> None:
     )
     start = time.perf_counter()
     assert s.http.post(CHAT, json={"messages": HELLO, "max_tokens": 2}).status_code == 200
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # about 10 s behind a slot still held
     until(lambda: s.app.stats.in_flight == 0, "none in flight", timeout=30.0, interval=0.005)
     assert s.app.engine.generation_tokens_total < 1000
 
@@ -442,13 +442,13 @@ def test_load_settings_flipped_at_run_time(sim: Start) -> None:
     s = sim(fast(decode_tokens_per_s=2.0))  # 500 ms a token
     s.app.control.decode_tokens_per_s = 1000.0
     start = time.perf_counter()
-    assert s.http.post(CHAT, json={"messages": HELLO, "max_tokens": 5}).status_code == 200
-    assert time.perf_counter() - start < 1.5  # 2.5 s at the old speed
+    assert s.http.post(CHAT, json={"messages": HELLO, "max_tokens": 20}).status_code == 200
+    assert time.perf_counter() - start < 5.0  # 10 s at the old speed, 20 ms at the new
     s.app.control.decode_tokens_per_s = 2.0
     s.app.control.zero_latency = True
     start = time.perf_counter()
     assert s.http.post(CHAT, json={"messages": HELLO, "max_tokens": 50}).status_code == 200
-    assert time.perf_counter() - start < 1.5  # 25 s if it were still timed
+    assert time.perf_counter() - start < 5.0  # 25 s if it were still timed
 
 
 # -- faults ----------------------------------------------------------------------------

@@ -19,12 +19,14 @@ from gateway.logs import configure_logging
 from gateway.workers import INDEX_ENV, Supervisor
 from tests.helpers.waiting import until
 
-# Each worker says it started, then serves until SIGTERM and exits 3 (a failed drain).
+# Each worker says it started, then serves until SIGTERM and exits 3 (a failed drain). Its
+# handler comes before it says so: the test stops the workers once both have, and a SIGTERM
+# between the two (a busy machine) ended a worker with the signal's status, not 3.
 WORKER = f"""
 import os, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
 with open(sys.argv[1], "a") as starts:
     starts.write(os.environ[{INDEX_ENV!r}] + "\\n")
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
 signal.alarm(120)  # bounded: SIGALRM ends it if SIGTERM never comes
 signal.pause()
 """

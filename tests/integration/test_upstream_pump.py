@@ -57,7 +57,9 @@ def test_reads_reach_the_sink_from_callbacks_not_the_pump_s_task() -> None:
 
 
 def test_the_read_timeout_runs_from_the_last_bytes_handed_on() -> None:
-    # 12 reads 50 ms apart outlast the 300 ms read timeout in all: only the stall cuts.
+    # 20 reads 50 ms apart (1 s) outlast the 800 ms read timeout in all: only the stall
+    # cuts. Each gap leaves 750 ms of slack (it was 250 ms: a busy machine's pause of the
+    # process between two reads fired the timer early and cut the drip short).
     async def body(pool: HttpPool) -> None:
         response = await pool.request(b"POST", b"/", [], b"{}")
         received: list[bytes] = []
@@ -65,10 +67,10 @@ def test_the_read_timeout_runs_from_the_last_bytes_handed_on() -> None:
             await response.pump(_collect(received, []), _ready)
         assert info.value.kind == "timeout"
         assert info.value.detail == "backend stopped sending mid-response"
-        assert b"".join(received) == b"x" * 12
+        assert b"".join(received) == b"x" * 20
         assert pool.open_connections == 0  # dropped: the backend sees it
 
-    asyncio.run(with_backend(dripping(12, 0.05, then_stall=True), body, read_timeout=0.3))
+    asyncio.run(with_backend(dripping(20, 0.05, then_stall=True), body, read_timeout=0.8))
 
 
 def test_a_steady_stream_is_cut_at_its_deadline() -> None:

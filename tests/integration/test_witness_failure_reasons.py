@@ -83,14 +83,19 @@ _ANSWERS: list[tuple[str, str, Answer | None]] = [
 ]
 
 
-def _closed_port_url() -> str:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/w"
+# The client's timeout: short where it is the failure awaited (a silent witness), else one
+# that only bounds a hang (it was 0.5 s for every case: on a busy machine an answer the
+# test expects counted under another reason could come later than that, as a timeout).
+_SILENT_TIMEOUT_S = 0.5
+_TIMEOUT_S = 30.0
 
 
-def _fail_once(tmp_path: Path, answer: Answer | None) -> tuple[WitnessStatus, str]:
-    """One cosigning attempt against `answer`: the witness's status, the metrics text."""
+def _fail_once(
+    tmp_path: Path, answer: Answer | None, timeout_s: float
+) -> tuple[WitnessStatus, str]:
+    """One cosigning attempt against `answer` (None: a port bound, never listening, held
+    for the attempt: refused, and nothing else can take the port meanwhile, as one picked
+    and released could be by the next server bound): the witness's status, the metrics."""
 
     async def scenario() -> tuple[WitnessStatus, str]:
         log = await ProvenanceLog.open(tmp_path, ORIGIN, LOG_SIGNER)
@@ -100,7 +105,7 @@ def _fail_once(tmp_path: Path, answer: Answer | None) -> tuple[WitnessStatus, st
             latest = await log.checkpoint()
 
             async def attempt(url: str) -> tuple[WitnessStatus, str]:
-                client = WitnessClient(url, COSIGNER.vkey, timeout=0.5, clock=lambda: NOW)
+                client = WitnessClient(url, COSIGNER.vkey, timeout=timeout_s, clock=lambda: NOW)
                 cosigning = Cosigning(log, tmp_path, [client])
                 status = cosigning.witnesses[0]
                 assert not await cosigning.cosign_once(client, status, latest)
@@ -109,7 +114,9 @@ def _fail_once(tmp_path: Path, answer: Answer | None) -> tuple[WitnessStatus, st
                 return status, generate_latest(registry).decode()
 
             if answer is None:
-                return await attempt(_closed_port_url())
+                with socket.socket() as closed:  # no SO_REUSEADDR: nobody else binds it
+                    closed.bind(("127.0.0.1", 0))
+                    return await attempt(f"http://127.0.0.1:{closed.getsockname()[1]}/w")
             with HostileWitness(answer(latest.note)) as witness:
                 return await attempt(witness.url)
         finally:
@@ -124,7 +131,8 @@ def _fail_once(tmp_path: Path, answer: Answer | None) -> tuple[WitnessStatus, st
 def test_each_failure_is_counted_under_its_reason(
     tmp_path: Path, reason: str, answer: Answer | None
 ) -> None:
-    status, metrics = _fail_once(tmp_path, answer)
+    timeout_s = _SILENT_TIMEOUT_S if reason == "timeout" else _TIMEOUT_S
+    status, metrics = _fail_once(tmp_path, answer, timeout_s)
     assert status.detail(0.0).get("last_failure") == reason, status.last_error
     counted = {
         line.split('reason="')[1].split('"')[0]: line.rsplit(" ", 1)[1]

@@ -47,12 +47,17 @@ class _TLSWitness:
             if not self._handshake:
                 self._done.wait(_HOLD_S)
                 return
-            with self._context.wrap_socket(conn, server_side=True) as tls:
-                tls.settimeout(10)
-                tls.recv(65536)
-                if self._answer is not None:
-                    tls.sendall(self._answer)
-                self._done.wait(_HOLD_S)  # no close_notify, no FIN
+            try:
+                with self._context.wrap_socket(conn, server_side=True) as tls:
+                    tls.settimeout(10)
+                    tls.recv(65536)
+                    if self._answer is not None:
+                        tls.sendall(self._answer)
+                    self._done.wait(_HOLD_S)  # no close_notify, no FIN
+            except (ssl.SSLError, OSError):
+                # The client gave up first (its timeout is what the silent cases await): on
+                # a busy machine this thread may reach the handshake or the read only then.
+                return
 
     def stop(self) -> None:
         self._done.set()
@@ -83,10 +88,10 @@ def tls_witness(
         witness.stop()
 
 
-def _ask(url: str, note: bytes) -> tuple[bytes | WitnessError, float]:
+def _ask(url: str, note: bytes, timeout: float) -> tuple[bytes | WitnessError, float]:
     async def ask() -> bytes | WitnessError:
         try:
-            return await client.request_cosignature(url, 0, [], note, timeout=1)
+            return await client.request_cosignature(url, 0, [], note, timeout=timeout)
         except WitnessError as error:
             return error
 
@@ -100,7 +105,7 @@ def test_a_silent_tls_witness_costs_its_timeout_only(
     real_log: RealLog, tls_witness: Callable[[bytes | None, bool], _TLSWitness], handshake: bool
 ) -> None:
     witness = tls_witness(None, handshake)
-    result, elapsed = _ask(witness.url, real_log.notes[1])
+    result, elapsed = _ask(witness.url, real_log.notes[1], timeout=1)
     assert isinstance(result, WitnessError) and result.reason == "timeout", result
     assert elapsed < 5, elapsed
 
@@ -111,6 +116,8 @@ def test_an_answer_read_is_kept_when_the_witness_holds_the_connection(
     line = COSIGNER.cosign(real_log.notes[1].decode().split("\n\n")[0] + "\n", NOW).line()
     answer = f"HTTP/1.1 200 OK\r\ncontent-length: {len(line.encode())}\r\n\r\n{line}".encode()
     witness = tls_witness(answer, True)
-    result, elapsed = _ask(witness.url, real_log.notes[1])
+    # The answer is awaited: 10 s, not 1, for a busy machine's handshake. An answer kept
+    # only once the connection ends would still come to this timeout (40 s of holding).
+    result, elapsed = _ask(witness.url, real_log.notes[1], timeout=10)
     assert result == line.encode()
     assert elapsed < 5, elapsed

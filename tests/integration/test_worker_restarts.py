@@ -203,8 +203,8 @@ def test_a_worker_ignores_sighup_until_its_app_handles_it(tmp_path: Path) -> Non
     program = (
         "import signal, sys, time\n"
         "ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # before it says it started\n"
         "open(sys.argv[1], 'w').write(str(ignored))\n"
-        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
         "for _ in range(600):\n"
         "    time.sleep(0.1)\n"
     )
