@@ -7,7 +7,9 @@ with an `OSError` whose `strerror` says why, as an unreadable file's does.
 `open_regular_file` is the same opening for a reader that streams a file of any size
 (an auditor's body file, hashed in chunks: `provenance.audit.body_file`), and
 `read_file_head` reads no more than a parser takes (a receipt or a proof, refused by its
-parser when it is longer).
+parser when it is longer). `follow=False` refuses a symbolic link too (O_NOFOLLOW), for
+a reader of files only the gateway writes (its own log, served by the admin API), where
+a link is someone else's doing and would serve whatever it points to.
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ from gateway.confined_reads import check_opened
 __all__ = ["open_regular_file", "read_file_head", "read_small_file"]
 
 
-def open_regular_file(path: Path) -> tuple[int, os.stat_result]:
-    """A descriptor open for reading on the regular file at `path` (symlinks followed)
-    and its status; OSError (the descriptor closed) when it cannot be opened or is not a
-    regular file: a FIFO, a device such as `/dev/zero`, a directory, a socket."""
+def open_regular_file(path: Path, *, follow: bool = True) -> tuple[int, os.stat_result]:
+    """A descriptor open for reading on the regular file at `path` (symlinks followed,
+    unless `follow` is false) and its status; OSError (the descriptor closed) when it
+    cannot be opened or is not a regular file: a FIFO, a device such as `/dev/zero`, a
+    directory, a socket, a symbolic link when not followed (ELOOP)."""
     # O_NONBLOCK: opening a FIFO for reading returns at once instead of waiting.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
+    except OSError as exc:
+        if follow or exc.errno != errno.ELOOP:
+            raise
+        raise OSError(errno.ELOOP, "a symbolic link, not followed", str(path)) from None
     try:
         check_opened(fd, path)  # an admin API candidate's: under its roots (confined_reads)
         status = os.fstat(fd)
@@ -39,10 +48,11 @@ def open_regular_file(path: Path) -> tuple[int, os.stat_result]:
     return fd, status
 
 
-def read_small_file(path: Path, limit: int) -> bytes:
-    """The bytes of the regular file at `path` (symlinks followed), at most `limit` of
-    them; OSError when it cannot be opened, is not a regular file or is larger."""
-    fd, status = open_regular_file(path)
+def read_small_file(path: Path, limit: int, *, follow: bool = True) -> bytes:
+    """The bytes of the regular file at `path` (symlinks followed unless `follow` is
+    false), at most `limit` of them; OSError when it cannot be opened, is not a regular
+    file or is larger."""
+    fd, status = open_regular_file(path, follow=follow)
     try:
         # A read allocates what it asks for: ask for the size the file says it has (and a
         # byte to see it end), not `limit` (16 MiB for a log's entry bundle) each time.

@@ -7,7 +7,11 @@ cosignature line there checked against its key (`valid`), the line's timestamp, 
 many entries it lags behind the latest checkpoint. `coverage` is the share of the latest
 checkpoint every witness has cosigned (the laggard's size over the checkpoint's). Reads
 at most one `cosigned/` file per witness, in a worker thread, and scans `cosigned/` for the
-newest name without keeping a listing (it grows with the log's age).
+newest name without keeping a listing (it grows with the log's age). Both files are read
+as `read_log_file` reads a log file, links not followed (gateway/admin/tiles.py says
+why): a FIFO or a device there answers at once (the checkpoint: 503 naming it; a
+`cosigned/` file: that witness's cosignature not valid) instead of holding the thread
+for good, as `read_bytes()` did.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
 from gateway.admin.auth import Caller, require
-from gateway.admin.tiles import log_dir
+from gateway.admin.tiles import log_dir, log_problem
 from gateway.admin.work import in_thread
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance import ProvenanceError, Verifier, open_checkpoint
 from gateway.provenance.formats.cosignature import CosignatureVerifier, find_cosignature
-from gateway.provenance.formats.layout import CHECKPOINT, cosigned_path, newest_cosigned
+from gateway.provenance.formats.layout import (
+    CHECKPOINT,
+    cosigned_path,
+    newest_cosigned,
+    read_log_file,
+)
 
 __all__ = ["router"]
 
@@ -80,14 +89,18 @@ def _read(
 ) -> dict[str, Any]:
     checkpoint: dict[str, Any] | None = None
     try:
-        signed = open_checkpoint((directory / CHECKPOINT).read_bytes(), verifiers)
+        note = read_log_file(directory / CHECKPOINT, follow=False)
+    except FileNotFoundError:
+        pass  # nothing logged yet
+    except ProvenanceError as exc:  # not a regular file, or too large
+        raise GatewayError(ErrorCode.provenance_unavailable, log_problem(exc, directory)) from None
+    else:
+        signed = open_checkpoint(note, verifiers)
         checkpoint = {
             "size": signed.checkpoint.size,
             "root": base64.b64encode(signed.checkpoint.root).decode(),
             "text": signed.note.decode(),
         }
-    except FileNotFoundError:
-        pass  # nothing logged yet
     newest = newest_cosigned(directory)  # the folder grows with the log's age: none kept
     witnesses = []
     for key in keys:
@@ -112,7 +125,7 @@ def _witness(
     cosignature = None
     if size is not None:
         try:
-            note = cosigned_path(directory, size).read_bytes()
+            note = read_log_file(cosigned_path(directory, size), follow=False)
             cosignature = find_cosignature(note, verifier, now=time.time())
         except (OSError, ProvenanceError):
             cosignature = None

@@ -10,6 +10,13 @@ a partial width is 1..255; anything else is 404, so
 no request names a file outside the tile tree. Full tiles and bundles never change once
 written (`Cache-Control: private, immutable`: the auditor's client may keep them, a
 shared cache may not); partial ones and the checkpoint do.
+
+A file is read as an auditor reads a log file (`read_log_file`: a regular file, bounded by
+what its kind holds), and never through a symbolic link: the gateway writes none, and one
+planted in the log directory (by whoever may write there) would serve the file it names
+(the signing key) to any auditor token. A FIFO, a device, a link or an oversized file is
+503 `provenance_unavailable` naming it, at once; before, `read_bytes()` on a FIFO held a
+thread waiting for a writer for good, and `/dev/zero` was read until memory ran out.
 """
 
 from __future__ import annotations
@@ -23,8 +30,15 @@ from fastapi import APIRouter, Depends, Request, Response
 from gateway.admin.auth import Caller, require
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
-from gateway.provenance.formats.layout import CHECKPOINT
-from gateway.provenance.formats.tiles import TILE_WIDTH, entries_path, index_path, tile_path
+from gateway.provenance.errors import MalformedError
+from gateway.provenance.formats.layout import CHECKPOINT, MAX_NOTE_FILE, read_log_file
+from gateway.provenance.formats.tiles import (
+    TILE_WIDTH,
+    entries_path,
+    file_limit,
+    index_path,
+    tile_path,
+)
 
 __all__ = ["log_dir", "log_problem", "parse_tile_path", "router"]
 
@@ -76,11 +90,13 @@ def log_problem(error: Exception, directory: Path) -> str:
     return str(error).replace(str(directory), "log")
 
 
-def _file(path: Path, what: str) -> bytes:
+def _file(directory: Path, name: str, what: str, limit: int) -> bytes:
     try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return read_log_file(directory / name, limit, follow=False)
+    except (FileNotFoundError, NotADirectoryError):
         raise GatewayError(ErrorCode.not_found, f"no {what} in the log") from None
+    except MalformedError as exc:  # not a regular file, or larger than its kind holds
+        raise GatewayError(ErrorCode.provenance_unavailable, log_problem(exc, directory)) from None
 
 
 @router.get(
@@ -90,7 +106,7 @@ def _file(path: Path, what: str) -> bytes:
     summary="The latest signed checkpoint (a signed note)",
 )
 def checkpoint(request: Request, caller: _Auditor) -> Response:
-    data = _file(log_dir(request) / CHECKPOINT, "checkpoint yet")
+    data = _file(log_dir(request), CHECKPOINT, "checkpoint yet", MAX_NOTE_FILE)
     return Response(
         data, media_type="text/plain; charset=utf-8", headers={"Cache-Control": _CHANGING}
     )
@@ -107,6 +123,6 @@ def tile(path: str, request: Request, caller: _Auditor) -> Response:
     if parsed is None:
         raise GatewayError(ErrorCode.not_found, "not a tlog-tiles tile path")
     name, full = parsed
-    data = _file(log_dir(request) / name, f"tile {name}")
+    data = _file(log_dir(request), name, f"tile {name}", file_limit(name))
     cache = _IMMUTABLE if full else _CHANGING
     return Response(data, media_type=_OCTETS, headers={"Cache-Control": cache})

@@ -1,13 +1,15 @@
 """`owngate witness`: run a C2SP tlog-witness that cosigns provenance-log checkpoints.
 
     owngate witness init --state FILE
-    owngate witness serve --key WITNESS_KEY_FILE --log VKEY [--log VKEY] --state FILE
+    owngate witness serve --key WITNESS_KEY_FILE --log VKEY [--log VKEY] --state FILE [--workers N]
     owngate witness vkey --key WITNESS_KEY_FILE
 
 The witness key is an ordinary Ed25519 signing key file (`owngate keys new --signing
 NAME --key-file F`, NAME being the witness's name, e.g. `witness.example.com/w1`); `vkey`
 prints the cosignature verifier key (algorithm 0x04) that auditors and the gateway use.
-Each `--log` is a log's verifier key (or a file of them) whose name is the log's origin.
+Each `--log` is a log's verifier key (or a file of them) whose name is the log's origin;
+`--workers N` also takes the logs `<origin>/worker-1` .. `<origin>/worker-N` that `owngate
+serve --workers N` writes and signs with that key.
 `init` creates a new witness's empty state file; `serve` never does: a state file gone
 missing (a wiped volume, a typo in the path) would make a witness that cosigns a rollback
 or a fork. Exit codes: 0 ok (serve: clean shutdown), 1 runtime failure (unreadable key,
@@ -34,7 +36,7 @@ from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.keys import load_signer, load_verifiers
 from gateway.provenance.witness.app import MAX_HELD_BODY, PEER_SHARE, create_witness_app
 from gateway.provenance.witness.state import WitnessState
-from gateway.provenance.witness.witness import Witness
+from gateway.provenance.witness.witness import MAX_WORKERS, Witness
 
 __all__ = ["register"]
 
@@ -93,6 +95,15 @@ def _add_serve(verbs: Any) -> None:
         metavar="VKEY",
         help="verifier key of a log to witness (its name is the log's origin), or a file "
         "of them; repeat for more logs or rotated keys (env OWNGATE_WITNESS_LOG)",
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=int(_env("WORKERS", "0") or "0"),
+        metavar="N",
+        help="also witness each --log key's `owngate serve --workers N` logs, the origins "
+        f"<its name>/worker-1 .. <its name>/worker-N (0..{MAX_WORKERS}; env "
+        "OWNGATE_WITNESS_WORKERS, default 0: none)",
     )
     _state_flag(
         serve,
@@ -186,13 +197,16 @@ def _vkey(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if not 0 <= args.workers <= MAX_WORKERS:
+        print(f"error: --workers is 0..{MAX_WORKERS}, not {args.workers}", file=sys.stderr)
+        return 2
     try:
         cosigner = Cosigner(load_signer(args.key))
         logs = load_verifiers(args.log or args._log_defaults)
         if not logs:
             print("error: --log names no log verifier key; nothing to witness", file=sys.stderr)
             return 2
-        witness = Witness.open(args.state, cosigner, logs)
+        witness = Witness.open(args.state, cosigner, logs, workers=args.workers)
     except (ProvenanceError, OSError) as exc:
         print(f"error: {shown(exc, MAX_SHOWN_MESSAGE)}", file=sys.stderr)
         return 1
@@ -213,6 +227,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"error: --max-held-body-bytes-per-peer: {exc}", file=sys.stderr)
             return 2
         origins = ", ".join(shown(origin) for origin in witness.origins)
+        if witness.workers:
+            origins += f" (each with its logs /worker-1 .. /worker-{witness.workers})"
         print(
             f"witness {shown(cosigner.vkey, None)}\ncosigning for: {origins}\n"
             f"listening on {args.host}:{args.port}{args.prefix.rstrip('/')}/add-checkpoint",

@@ -94,13 +94,15 @@ def serve_admin(
     provenance: dict[str, Any] | None = None,
     origin: str = ORIGIN,
     state: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
     **admin: Any,
 ) -> Iterator[Served]:
     """The gateway in `directory` (`admin`: more admin settings; `listen`: more `listen`
     settings, for both listeners; `backend`, `provenance`: settings that replace those of
     the backend `gpu` and of the log; `state`: its shared state (memory when none);
     `origin`: the log's, and its key's name; `witness`:
-    a witness, `WITNESS`, cosigns its checkpoints); on exit it must stop cleanly (both
+    a witness, `WITNESS`, cosigns its checkpoints; `env`: more environment variables of
+    the `owngate serve` process); on exit it must stop cleanly (both
     listeners closed, the log's last checkpoint signed)."""
     with contextlib.ExitStack() as stack:
         vkey = write_signing_key(directory / "log.key", origin)
@@ -115,7 +117,7 @@ def serve_admin(
         provenance = {"origin": origin, **(provenance or {})}
         extra = {"backend": backend or {}, "provenance": provenance, "listen": listen or {}}
         extra["state"] = state or {}
-        yield stack.enter_context(_serve(directory, vkey, witnesses, admin, extra))
+        yield stack.enter_context(_serve(directory, vkey, witnesses, admin, extra, env))
 
 
 @contextmanager
@@ -125,6 +127,7 @@ def _serve(
     witnesses: list[dict[str, Any]],
     admin: dict[str, Any],
     extra: dict[str, dict[str, Any]],
+    env: dict[str, str] | None = None,
 ) -> Iterator[Served]:
     sim = ServerThread(create_sim_app(SimSettings.for_kind("vllm", models=("m",)))).start()
     admin_port, port = free_ports(2)  # distinct: two free_port calls once gave the same
@@ -164,7 +167,7 @@ def _serve(
     }
     if extra["state"]:
         config["state"] = extra["state"]
-    process = GatewayProcess(config, directory).start()
+    process = GatewayProcess(config, directory, env=env).start()
     try:
         yield Served(process, f"http://127.0.0.1:{admin_port}", vkey, directory / "log")
     finally:

@@ -2,12 +2,15 @@
 (gateway/admin/work.py).
 
 A real `owngate serve` with its log and a witness configured (unreachable: it never
-cosigns). The witness's newest cosigned checkpoint is a FIFO with no writer, so each
-`GET /admin/v1/log/cosignatures` reads it in a worker thread that blocks until the test
-opens it: a stand-in for a disk slow to answer. An auditor sends more such reads than the
-event loop's default executor has threads (`min(32, CPUs + 4)`); meanwhile the security
-team creates a key (the keys file is written on the default executor) and a tenant's
-request goes to its backend by host name (`localhost`).
+cosigns). The witness's newest cosigned checkpoint is a FIFO, and the gateway runs with a
+hook (`HUNG_DISK`, its `sitecustomize`) that makes the cosignatures' read of a `cosigned/`
+file wait on it first, so each `GET /admin/v1/log/cosignatures` blocks in its worker
+thread until the test releases it: a stand-in for a disk that does not answer. (The read
+itself refuses a FIFO at once, tests/integration/test_admin_log_fifos.py: without the hook
+nothing there blocks.) An auditor sends more such reads than the event loop's default
+executor has threads (`min(32, CPUs + 4)`); meanwhile the security team creates a key
+(the keys file is written on the default executor) and a tenant's request goes to its
+backend by host name (`localhost`).
 """
 
 from __future__ import annotations
@@ -33,11 +36,30 @@ DEFAULT_THREADS = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's def
 READS = DEFAULT_THREADS + 2  # more than the default executor runs at once
 WAIT_S = 15.0
 
+# The gateway's `sitecustomize`: a read of a `cosigned/` file by the cosignatures endpoint
+# first reads the FIFO at that path to its end (blocking, as a read from a hung mount),
+# then reads the file as the gateway does.
+HUNG_DISK = """
+from gateway.admin import cosignatures
+
+_read = cosignatures.read_log_file
+
+
+def hung_disk(path, *args, **kwargs):
+    if path.parent.name == "cosigned":
+        with open(path, "rb") as fifo:
+            fifo.read()
+    return _read(path, *args, **kwargs)
+
+
+cosignatures.read_log_file = hung_disk
+"""
+
 
 class SlowCosigned:
     """A FIFO where the witness's newest cosigned checkpoint is read, its write end held
-    by the test: a read of it blocks until `release()` removes it and ends what every
-    reader reads."""
+    by the test: a read of it (through `HUNG_DISK`) blocks until `release()` removes it
+    and ends what every reader reads."""
 
     def __init__(self, log: Path) -> None:
         self.fifo = cosigned_path(log, 1)
@@ -90,11 +112,15 @@ def test_admin_reads_past_the_bound_are_429_and_leave_the_gateways_threads(
     port = sim.url.rsplit(":", 1)[1]
     witness = {"url": f"http://127.0.0.1:{free_port()}", "vkey": WITNESS.vkey, "timeout_s": 1}
     tokens = [TOKENS["auditor"]] * READS + [TOKENS["admin"]] * READS
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(HUNG_DISK)
+    path = os.pathsep.join(p for p in (str(tmp_path / "hook"), os.environ.get("PYTHONPATH")) if p)
     try:
         with serve_admin(
             tmp_path,
             backend={"base_url": f"http://localhost:{port}"},  # getaddrinfo for each connection
             provenance={"witnesses": [witness]},
+            env={"PYTHONPATH": path},
         ) as served:
             first = served.chat()
             assert first.status_code == 200, first.text

@@ -72,12 +72,13 @@ MAX_HISTORY_BYTES = 256 << 20
 NOT_A_FILE = (errno.ELOOP, errno.ENXIO, errno.ENODEV)
 
 
-def read_log_file(path: Path, limit: int = MAX_NOTE_FILE) -> bytes:
+def read_log_file(path: Path, limit: int = MAX_NOTE_FILE, *, follow: bool = True) -> bytes:
     """The bytes of the log file at `path`, at most `limit`: FileNotFoundError when it is
     absent, MalformedError when it is not a regular file (a symlink loop, a socket or a
-    device included) or is larger, OSError otherwise."""
+    device included; a symbolic link when `follow` is false) or is larger, OSError
+    otherwise."""
     try:
-        return read_small_file(path, limit)
+        return read_small_file(path, limit, follow=follow)
     except FileNotFoundError:
         raise
     except OSError as exc:

@@ -1,8 +1,9 @@
 """A C2SP tlog-witness: cosign a log's checkpoints only while the log stays append-only.
 
-For each log it trusts (a verifier key whose name is the log's origin), the witness
-remembers the latest tree it cosigned (`witness.state`). `add_checkpoint` follows the
-spec's add-checkpoint rules, in its order:
+For each log it trusts (a verifier key whose name is the log's origin; with `workers=N`,
+also the logs `<name>/worker-1` .. `<name>/worker-N` that `owngate serve --workers N` signs
+with that key), the witness remembers the latest tree it cosigned (`witness.state`).
+`add_checkpoint` follows the spec's add-checkpoint rules, in its order:
 
 1. origin not configured: `unknown_log` (HTTP 404); no valid signature by a key trusted
    for that origin, or only by a key a rotation retired (`_next_head`): `untrusted` (403);
@@ -47,6 +48,7 @@ from gateway.provenance.witness.state import TreeHead, WitnessState
 
 __all__ = [
     "MAX_PROOF_LINES",
+    "MAX_WORKERS",
     "AddCheckpoint",
     "Witness",
     "WitnessCode",
@@ -54,6 +56,10 @@ __all__ = [
 ]
 
 MAX_PROOF_LINES = 63
+#: the most `serve --workers` logs per log key a witness takes (`workers`)
+MAX_WORKERS = 1024
+#: what `serve --workers` appends to a worker's origin, before its number (1..N)
+_WORKER = "/worker-"
 # At most 20 digits: a uint64 (checked below), and never a number int() refuses.
 _OLD_LINE = re.compile(r"old (0|[1-9][0-9]{0,19})\Z")
 
@@ -147,6 +153,17 @@ def _origin(note: bytes) -> str:
     return origin
 
 
+def _worker_number(text: str, workers: int) -> bool:
+    """Whether `text` is a worker's number 1..`workers` as `serve --workers` writes it."""
+    return (
+        text.isascii()
+        and text.isdigit()
+        and text[0] != "0"
+        and len(text) <= len(str(MAX_WORKERS))  # never an int() of thousands of digits
+        and int(text) <= workers
+    )
+
+
 def _extras(head: TreeHead) -> tuple[object, ...]:
     """What a head records besides the tree itself (its equality compares only the tree)."""
     return head.keys, head.seen, head.time
@@ -184,7 +201,10 @@ class Witness:
         state: WitnessState,
         *,
         clock: Callable[[], float] = time.time,
+        workers: int = 0,
     ) -> None:
+        if not 0 <= workers <= MAX_WORKERS:
+            raise ValueError(f"workers is 0..{MAX_WORKERS}, not {workers}")
         logs = list(logs)
         # Its cosignature lines under a log key's name and id would fail that log's note
         # for every verifier that trusts the key (unambiguous_witnesses): refuse to start.
@@ -196,6 +216,7 @@ class Witness:
         self._state = state
         self._clock = clock
         self._lock = threading.Lock()
+        self.workers = workers
 
     @classmethod
     def open(
@@ -206,12 +227,17 @@ class Witness:
         *,
         clock: Callable[[], float] = time.time,
         new: bool = False,
+        workers: int = 0,
     ) -> Witness:
         """Open the witness on its state file; `new` creates the file (it must not exist).
-        A key under a log key's name and id is refused before the state is opened."""
+        A key under a log key's name and id, or `workers` out of range, is refused before
+        the state is opened."""
         logs = list(logs)
         unambiguous_witnesses([cosigner.verifier()], logs)
-        return cls(cosigner, logs, WitnessState.open(state_path, new=new), clock=clock)
+        if not 0 <= workers <= MAX_WORKERS:
+            raise ValueError(f"workers is 0..{MAX_WORKERS}, not {workers}")
+        state = WitnessState.open(state_path, new=new)
+        return cls(cosigner, logs, state, clock=clock, workers=workers)
 
     @property
     def origins(self) -> tuple[str, ...]:
@@ -275,17 +301,36 @@ class Witness:
         floor = known.time if known is not None else 0
         return min(max(int(self._clock()), floor), MAX_TIMESTAMP)
 
+    def _verifiers(self, origin: str) -> list[Verifier] | None:
+        """The keys trusted for the log `origin`: those named for it; else, for a worker's
+        log `<name>/worker-<i>` (1 <= i <= `workers`, written as `serve --workers` writes
+        it: no sign, no leading zero), those named `<name>`. None: a log it does not know."""
+        own = self._logs.get(origin)
+        if own is not None:
+            return own
+        name, found, number = origin.rpartition(_WORKER)
+        if not found or not _worker_number(number, self.workers):
+            return None
+        return self._logs.get(name)
+
     def _open(self, note: bytes) -> SignedCheckpoint:
         origin = _origin(note)
-        verifiers = self._logs.get(origin)
+        verifiers = self._verifiers(origin)
         if verifiers is None:
-            raise WitnessError("unknown_log", f"this witness does not know the log {origin!r}")
+            raise WitnessError("unknown_log", self._unknown(origin))
         try:
             return open_checkpoint(note, verifiers, origin=origin)
         except SignatureError as exc:
             raise WitnessError("untrusted", f"checkpoint of {origin!r}: {exc}") from exc
         except MalformedError as exc:
             raise WitnessError("malformed", f"checkpoint of {origin!r}: {exc}") from exc
+
+    def _unknown(self, origin: str) -> str:
+        message = f"this witness does not know the log {origin!r}"
+        name, found, number = origin.rpartition(_WORKER)
+        if found and name in self._logs and _worker_number(number, MAX_WORKERS):
+            message += f" (it takes {self.workers} `serve --workers` logs of {name!r})"
+        return message
 
     @staticmethod
     def _check_extension(known: TreeHead | None, new: Checkpoint, proof: Sequence[bytes]) -> None:
