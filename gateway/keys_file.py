@@ -1,7 +1,9 @@
 """The keys file `owngate keys` and the admin API write: tenants' API key digests.
 
 `{tenants: {TENANT: [sha256:...]}}`, replaced whole in one rename (a temporary file
-beside it, fsynced first), so a reader sees the old file or the new one. A change holds
+beside it, fsynced first), so a reader sees the old file or the new one, and the
+directory fsynced after it, so a change once made (a revoked digest gone) is not undone
+by a crash that loses the rename. A change holds
 an exclusive `flock` on the file's directory from its read to its rename: one change at
 a time, across threads (the admin API) and processes (`owngate keys` beside a running
 gateway), whatever user each runs as. Without it two changes read the same file and the
@@ -31,6 +33,7 @@ from typing import Final
 import yaml
 
 from gateway.plain_yaml import hidden_text
+from gateway.provenance.files import fsync_directory
 from gateway.small_files import read_small_file
 
 __all__ = [
@@ -97,7 +100,7 @@ def add_key_hash(path: Path, tenant: str, key_hash: str) -> None:
     with keys_file_lock(path):
         stored = read_keys_file(path)
         stored.setdefault(tenant, []).append(key_hash)
-        _replace(path, stage_keys_file(path, stored))
+        replace_keys_file(stage_keys_file(path, stored), path)
 
 
 def remove_key_hash(path: Path, key_hash: str) -> str | None:
@@ -112,7 +115,7 @@ def remove_key_hash(path: Path, key_hash: str) -> str | None:
         if owner is None:
             return None
         stored[owner] = [h for h in stored[owner] if h != key_hash]
-        _replace(path, stage_keys_file(path, stored))
+        replace_keys_file(stage_keys_file(path, stored), path)
         return owner
 
 
@@ -180,9 +183,13 @@ def stage_keys_file(path: Path, stored: dict[str, list[str]]) -> Path:
     return Path(tmp)
 
 
-def _replace(path: Path, staged: Path) -> None:
+def replace_keys_file(staged: Path, path: Path) -> None:
+    """Rename `staged` (from `stage_keys_file`) onto `path`, then fsync the directory: a
+    revocation acknowledged is not undone by a crash that loses the rename (the old file,
+    revoked digest and all, back in place)."""
     try:
         os.replace(staged, path)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
+    fsync_directory(path.parent)

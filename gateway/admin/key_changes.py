@@ -27,6 +27,7 @@ from gateway.keys_file import (
     KeysFileBusy,
     open_keys_lock,
     read_keys_file,
+    replace_keys_file,
     stage_keys_file,
     try_keys_lock,
 )
@@ -74,7 +75,7 @@ class KeysChange:
         if staged is None or self.path is None:
             return
         try:
-            await asyncio.to_thread(os.replace, staged, self.path)
+            await asyncio.to_thread(replace_keys_file, staged, self.path)
         except OSError as exc:
             staged.unlink(missing_ok=True)
             raise unavailable(exc) from exc

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Final
 
+from gateway.provenance.files import fsync_directory
 from gateway.small_files import read_small_file
 
 __all__ = [
@@ -168,8 +169,4 @@ def _replace(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(directory)  # the rename itself outlives a crash
-    finally:
-        os.close(directory)
+    fsync_directory(path.parent)  # the rename itself outlives a crash

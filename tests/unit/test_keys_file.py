@@ -8,6 +8,7 @@ it) never undo one another."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import shutil
@@ -21,6 +22,7 @@ import pytest
 import yaml
 
 from gateway import keys_file
+from gateway.admin.key_changes import KeysChange
 from gateway.cli.main import main
 from gateway.config import ConfigError, load_config
 from gateway.tenants import add_key_hash, hash_api_key, read_keys_file, remove_key_hash
@@ -219,3 +221,51 @@ def test_the_gateway_s_user_changes_keys_after_root_did(gateway_dir: Path) -> No
     stored = read_keys_file(keys)["team"]
     assert stored == [hash_api_key(k) for k in ("og-gateway-1", "og-root", "og-gateway-2")]
     assert sorted(p.name for p in gateway_dir.iterdir()) == ["keys.yaml"]  # no lock file
+
+
+def _durable_steps(monkeypatch: pytest.MonkeyPatch, keys: Path) -> list[str]:
+    """The keys file's renames and its directory's fsyncs, in the order they happen."""
+    steps: list[str] = []
+    real_replace, real_fsync = os.replace, os.fsync
+
+    def replace(src: object, dst: object) -> None:
+        real_replace(src, dst)  # type: ignore[arg-type]
+        if Path(str(dst)) == keys:
+            steps.append("rename")
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and os.fstat(fd).st_ino == keys.parent.stat().st_ino:
+            steps.append("fsync directory")
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return steps
+
+
+def test_a_revocation_is_on_disk_once_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename that drops a revoked digest is followed by an fsync of the directory: a
+    crash after `keys revoke` returned must not bring the old file, digest and all, back."""
+    keys = tmp_path / "keys.yaml"
+    add_key_hash(keys, "acme", hash_api_key("sk-1"))
+    add_key_hash(keys, "acme", hash_api_key("sk-2"))
+    steps = _durable_steps(monkeypatch, keys)
+    assert remove_key_hash(keys, hash_api_key("sk-1")) == "acme"
+    add_key_hash(keys, "acme", hash_api_key("sk-3"))
+    assert steps == ["rename", "fsync directory", "rename", "fsync directory"]
+
+
+def test_an_admin_key_change_is_on_disk_once_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = tmp_path / "keys.yaml"
+    add_key_hash(keys, "acme", hash_api_key("sk-1"))
+    stored = read_keys_file(keys)
+    stored["acme"] = []
+    change = KeysChange(keys, keys_file.stage_keys_file(keys, stored))
+    steps = _durable_steps(monkeypatch, keys)
+    asyncio.run(change.commit())
+    assert steps == ["rename", "fsync directory"]
+    assert read_keys_file(keys) == {"acme": []}
