@@ -21,11 +21,14 @@ hosted fallback's basis, as one the plan never tried: its new self was never sho
 unavailable.
 
 What the attempt came to, for the plan's fallback (`Withdrawn.came_to`): a backend the
-policy set active now no longer admits is `down` (that set judges the fallback, without
-it); one whose config a reload changed (moved, re-trusted, removed, redeclared, renamed:
-`Retired`) is `retired`, as one whose pool a reload closed: an operator's config change
-is not the private fleet failing, so it never lets a request go to a hosted provider,
-whatever a later reload changes back (gateway/routing/attempt.py).
+policy set active now no longer admits is `withdrawn`, "down" for that set (it judges the
+fallback without it) but never tried for a later set that admits it again (the plan's
+`withdrawn`: before, a policy reload undone before the fallback left it "down" in the
+fallback's basis, and the hosted provider served); one whose config a reload changed
+(moved, re-trusted, removed, redeclared, renamed: `Retired`) is `retired`, as one whose
+pool a reload closed: an operator's config change is not the private fleet failing, so it
+never lets a request go to a hosted provider, whatever a later reload changes back
+(gateway/routing/attempt.py).
 """
 
 from __future__ import annotations
@@ -52,10 +55,10 @@ __all__ = ["Decided", "Retired", "Withdrawn", "decide", "fallback_refused", "wit
 
 class Withdrawn(str):
     """Why a reload withdrew an attempt before it sent; `came_to`: what a private one
-    came to for the fallback, "down" (not tried: the policy set active now does not admit
-    it)."""
+    came to for the fallback, "withdrawn" (not tried: the policy set active now does not
+    admit it; `Plan.withdrawn`, gateway/routing/router.py)."""
 
-    came_to: ClassVar[str] = "down"
+    came_to: ClassVar[str] = "withdrawn"
 
 
 class Retired(Withdrawn):
@@ -118,7 +121,8 @@ def withdrawn_by_reload(
         return Retired(moved)
     if now is None or attempt.private or plan is None or plan.fallback is None:
         return None
-    # What came of a backend since redeclared, renamed or moved says nothing of it now.
+    # What came of a backend since redeclared, renamed or moved says nothing of it now;
+    # one a policy reload withdrew was never tried (`now` may admit it again).
     basis = tuple(
         (b, state)
         for b, state in plan.basis
@@ -127,6 +131,7 @@ def withdrawn_by_reload(
             and (_redeclared(before, current, b) or _renamed(registry, current, b, decision.model))
         )
         and registry.moved(b) is None
+        and b not in plan.withdrawn
     )
     why = fallback_refused(decision, now, plan.fallback, basis)
     if why is None:

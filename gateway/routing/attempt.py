@@ -4,6 +4,7 @@ and ends each with `Plan.report`."""
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
 
@@ -12,15 +13,16 @@ from gateway.routing.breaker import Pass
 from gateway.routing.registry import Route
 from gateway.routing.scorers.prefill import prefill_tokens
 
-__all__ = ["FALLBACK_STATES", "Attempt", "FallbackBasis"]
+__all__ = ["FALLBACK_STATES", "Attempt", "FallbackBasis", "Outcome"]
 
 # What each eligible private backend came to, as a fallback's dispatch record states it:
 # (backend id, state), state one of "down" (not tried: down, its breaker closed to it, or
-# withdrawn by a policy reload; no record of it), "failed" (tried and failed), "busy" (tried,
-# answered busy), "saturated" (up, over the threshold). The plan also knows "refused" (the
-# request's media URL) and "retired" (nothing sent: its config's pool closed, or a config
-# reload moved, re-trusted, removed or redeclared it): neither opens a fallback, so no
-# dispatch record states them.
+# withdrawn by a policy reload, which a later set admitting it again takes as never tried:
+# `Plan.withdrawn`; no record of it), "failed" (tried and failed), "busy" (tried, answered
+# busy), "saturated" (up, over the threshold). The plan also knows "refused" (the request's
+# media URL) and "retired" (nothing sent: its config's pool closed, or a config reload
+# moved, re-trusted, removed or redeclared it): neither opens a fallback, so no dispatch
+# record states them.
 FallbackBasis = tuple[tuple[str, str], ...]
 
 # The states that let `when_private_unavailable` (and `when_private_saturated`) fall back
@@ -38,6 +40,17 @@ _BACKEND_SIDE = frozenset({"connect", "tls"})
 # (`busy`), its own descriptors or socket memory run out (`exhausted`), a pool closed with
 # its config (`retired`: no connection was opened).
 _GATEWAY_SIDE = frozenset({"busy", "exhausted", "retired"})
+
+
+class Outcome(enum.Enum):
+    """How an attempt ended, as far as routing cares."""
+
+    served = "served"  # the client got this backend's answer (or its error, relayed)
+    failed = "failed"  # failed before the client saw a byte: the next attempt may serve
+    ended = "ended"  # ended otherwise (the client left, the gateway shut down, an error)
+    # not made after all: nothing sent, no record, not counted among the attempts (a reload
+    # withdrew the backend, a hosted one refused before sending): the next one may serve
+    skipped = "skipped"
 
 
 class Attempt:

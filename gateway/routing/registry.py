@@ -29,7 +29,7 @@ from gateway.routing.health import ProbeHealth
 from gateway.routing.tenant_breakers import TenantBreakers
 from gateway.upstream.http import HttpPool
 from gateway.upstream.sockets import BackendSockets
-from gateway.upstream.tenant_share import TenantShare, share_cap
+from gateway.upstream.tenant_share import TenantShare, hosted_calls, share_cap
 from gateway.upstream.tls import BackendTLS, backend_tls
 
 __all__ = ["BackendState", "Registry", "Route"]
@@ -306,10 +306,11 @@ def _backend_state(
     pool: HttpPool | None = None
     base_path = b""
     tls: BackendTLS | None = None
-    # A tenant's share of the backend: of a pool's connections, or of hosted calls.
-    cap = share_cap(
-        limits.max_connections_per_backend, limits.tenant_share_of_backend, tenants, *worker
-    )
+    # A tenant's share of the backend: of a pool's connections, or of hosted calls (as
+    # many as LiteLLM's connector makes at once, at most).
+    most = limits.max_connections_per_backend
+    most = most if backend.is_private else hosted_calls(most)
+    cap = share_cap(most, limits.tenant_share_of_backend, tenants, *worker)
     if backend.base_url is not None and backend.is_private:
         parts = urlsplit(backend.base_url)
         if parts.scheme == "https" and parts.hostname is not None:

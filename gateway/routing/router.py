@@ -23,8 +23,9 @@ private, at most `routing.failover.max_attempts` and none once
 `routing.failover.deadline_s` from arrival has passed; hosted last when the fallback mode
 allows (at most 3) and every eligible private backend was unavailable for this request:
 down before it was tried (health or breaker at planning or when its turn came, or
-withdrawn by a policy reload), or tried and failed (refused, broken or timed-out connection, a
-5xx, a 401, 403 or 404). One never tried (the attempts or the deadline ran out first) or
+withdrawn by a policy reload: `Plan.withdrawn`, never tried for a later set admitting it
+again), or tried and failed (refused, broken or timed-out connection, a 5xx, a 401, 403
+or 404). One never tried (the attempts or the deadline ran out first) or
 "busy" (a 429, the gateway's own connection limit; accepted by `when_private_saturated`)
 was not shown unavailable: no hosted fallback, the client gets the last attempt's error.
 Hosted providers have breakers too (the backend's and, with several tenants, each
@@ -50,13 +51,12 @@ were skipped or failed, for the client's error when none served.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gateway.config.schema import RoutingSettings
-from gateway.routing.attempt import FALLBACK_STATES, Attempt, FallbackBasis
+from gateway.routing.attempt import FALLBACK_STATES, Attempt, FallbackBasis, Outcome
 from gateway.routing.filters.health import available_routes
 from gateway.routing.filters.trust import eligible_hosted, eligible_private
 from gateway.routing.load import queue_per_slot
@@ -72,17 +72,6 @@ if TYPE_CHECKING:
 __all__ = ["HOSTED_MAX_ATTEMPTS", "Attempt", "FallbackBasis", "Outcome", "Plan", "Router"]
 
 HOSTED_MAX_ATTEMPTS = 3  # per hosted pass (private: routing.failover.max_attempts)
-
-
-class Outcome(enum.Enum):
-    """How an attempt ended, as far as routing cares."""
-
-    served = "served"  # the client got this backend's answer (or its error, relayed)
-    failed = "failed"  # failed before the client saw a byte: the next attempt may serve
-    ended = "ended"  # ended otherwise (the client left, the gateway shut down, an error)
-    # not made after all: nothing sent, no record, not counted among the attempts (a reload
-    # withdrew the backend, a hosted one refused before sending): the next one may serve
-    skipped = "skipped"
 
 
 class Router:
@@ -240,6 +229,7 @@ class Plan:
         "private",
         "reasons",
         "tenant",
+        "withdrawn",
         "withheld",
     )
 
@@ -269,6 +259,9 @@ class Plan:
             route.backend.id: "down" for route in private if route.backend.id not in up_ids
         }
         self.basis: FallbackBasis = ()
+        # The private backends a policy reload withdrew: "down" for the set that withdrew
+        # them, never tried for a later one admitting them again (gateway/api/decided.py)
+        self.withdrawn: set[str] = set()
         self.withheld: str | None = None
         self.private, self.hosted, self.reasons = private, hosted, reasons
         self._up = up  # the private ones up, in the order to try them
@@ -380,9 +373,13 @@ class Plan:
         `busy`: up but no room, a 429 or the gateway's own connection limit; `came_to`: a
         private one's state when not the outcome's: "refused", skipped for a media URL in
         the request, "retired", its pool closed or its backend changed by a config reload;
-        none is unavailable). Any outcome but `skipped` counts among the pass's attempts."""
+        none is unavailable; "withdrawn": by a policy reload, "down" and noted in
+        `withdrawn`). Any outcome but `skipped` counts among the pass's attempts."""
         if outcome is not Outcome.skipped:
             self._made += 1
+        if came_to == "withdrawn" and attempt.private:
+            came_to = "down"
+            self.withdrawn.add(attempt.backend.id)
         if outcome is Outcome.failed:
             self.reasons.append(reason)
             if attempt.private:

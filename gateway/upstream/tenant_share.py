@@ -35,12 +35,17 @@ connection until it timed out. Each hosted backend has a `TenantShare` of its ca
 tenant (`hold`) from when the hosted relay admits it, before anything is sent, until its
 answer was relayed or abandoned (`release`, in a `finally`: answered, failed, cancelled,
 client gone); past the share, the tenant's next hosted attempt on the backend is `busy`
-at once (gateway/api/hosted_relay.py).
+at once (gateway/api/hosted_relay.py). The share is of the calls LiteLLM's connector can
+make at once (`hosted_calls`: `max_connections_per_backend`, or fewer where its limits,
+500 per host and 1,000 in all unless its environment says otherwise, are lower): before,
+it was of `max_connections_per_backend` alone, and with 1,024 configured (a large
+private fleet) one tenant's 512 unread streams held all 500 connections to the provider.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gateway.upstream.failures import UpstreamError
@@ -49,7 +54,13 @@ if TYPE_CHECKING:
     from gateway.config.schema import GatewaySettings
     from gateway.upstream.connection import _Connection
 
-__all__ = ["TenantShare", "config_share_unsplittable", "share_cap", "share_unsplittable"]
+__all__ = [
+    "TenantShare",
+    "config_share_unsplittable",
+    "hosted_calls",
+    "share_cap",
+    "share_unsplittable",
+]
 
 _PAST_SHARE = "this tenant holds its share of the backend's connections"
 
@@ -68,6 +79,27 @@ def share_cap(
         return whole
     part = min(max(part, 1), parts)
     return whole // parts + (1 if part <= whole % parts else 0)
+
+
+# LiteLLM's connector limits (1.108.7: `litellm.constants`), read from its environment as
+# it reads them (unset, blank or not a number: the default; 0 or less: no limit).
+_LITELLM_LIMITS = (("AIOHTTP_CONNECTOR_LIMIT_PER_HOST", 500), ("AIOHTTP_CONNECTOR_LIMIT", 1000))
+
+
+def hosted_calls(max_connections: int, environ: Mapping[str, str] = os.environ) -> int:
+    """How many of a hosted backend's calls can hold a connection at once: the configured
+    `max_connections`, or fewer where LiteLLM's connector allows fewer (the share of a
+    tenant is of these, so that the others always have some)."""
+    calls = max_connections
+    for name, default in _LITELLM_LIMITS:
+        raw = environ.get(name, "").strip()
+        try:
+            limit = int(raw) if raw else default
+        except ValueError:
+            limit = default
+        if limit > 0:
+            calls = min(calls, limit)
+    return calls
 
 
 def share_unsplittable(max_connections: int, share: float, tenants: int, parts: int) -> str | None:

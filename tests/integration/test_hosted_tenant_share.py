@@ -22,6 +22,7 @@ import pytest
 
 from gateway.tenants import hash_api_key
 from gateway.upstream.litellm_runtime import load_litellm
+from gateway.upstream.tenant_share import hosted_calls
 from tests.helpers.gateways import (
     HOSTED_ONLY_POLICY,
     LITELLM_WARNINGS,
@@ -212,3 +213,60 @@ def test_every_way_a_hosted_call_ends_gives_the_tenants_share_back(
     finally:
         release.set()
     until(lambda: held() == 0, "nothing held")
+
+
+def test_the_share_is_of_the_calls_litellm_makes_at_once(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`max_connections_per_backend` larger than LiteLLM's connections per host (here 8
+    and POOL, as 1,024 and 500 would be): a share of the configured 8 let `acme` hold 4
+    calls, and its POOL unread streams held every connection to the provider, `other`'s
+    call waiting until the first-byte timeout (504). The share is of the POOL calls
+    LiteLLM makes at once (`hosted_calls`): `acme`'s second stream is `busy` (503) and
+    `other` is served."""
+    load_litellm()
+    handler = sys.modules["litellm.llms.custom_httpx.http_handler"]
+    monkeypatch.setattr(handler, "AIOHTTP_CONNECTOR_LIMIT_PER_HOST", POOL)
+    monkeypatch.setenv("AIOHTTP_CONNECTOR_LIMIT_PER_HOST", str(POOL))  # where LiteLLM reads it
+    released = threading.Event()
+    raw = start_raw(paced(released))
+    policy = HOSTED_ONLY_POLICY.replace("tenants: [acme]", "tenants: [acme, other]")
+    (tmp_path / "policy.yaml").write_text(policy)
+    gateway = start_gateway(
+        [hosted_backend("hosted", raw.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+        tenants=TWO_TENANTS,
+        limits={"max_connections_per_backend": 4 * POOL, "first_byte_timeout_s": 3.0},
+    )
+
+    async def run() -> tuple[list[int], httpx.Response]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
+            held: list[httpx.Response] = []
+            try:
+                for _ in range(POOL):  # never read
+                    asked = _request(acme, TENANT_KEY, stream=True, max_tokens=3000)
+                    held.append(await acme.send(asked, stream=True))
+                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
+                    theirs = await other.send(_request(other, OTHER_KEY))
+                return [response.status_code for response in held], theirs
+            finally:
+                released.set()
+                for response in held:
+                    await response.aclose()
+
+    statuses, theirs = asyncio.run(run())
+    assert theirs.status_code == 200, theirs.text
+    assert statuses == [200, 503]
+
+
+def test_hosted_calls_has_litellms_defaults() -> None:
+    """`hosted_calls` reads LiteLLM's connector limits as LiteLLM does, its defaults too."""
+    load_litellm()
+    constants = sys.modules["litellm.constants"]
+    per_host, in_all = constants.AIOHTTP_CONNECTOR_LIMIT_PER_HOST, constants.AIOHTTP_CONNECTOR_LIMIT
+    assert hosted_calls(10**6, {"AIOHTTP_CONNECTOR_LIMIT": "0"}) == per_host
+    assert hosted_calls(10**6, {"AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "0"}) == in_all

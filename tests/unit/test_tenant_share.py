@@ -11,7 +11,7 @@ from gateway.app import AssemblyError, assemble
 from gateway.config.schema import LimitSettings
 from gateway.state import WORKERS_ENV
 from gateway.tenants import hash_api_key
-from gateway.upstream.tenant_share import TenantShare, share_cap, share_unsplittable
+from gateway.upstream.tenant_share import TenantShare, hosted_calls, share_cap, share_unsplittable
 from gateway.validation import validate
 from gateway.workers import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config, hosted_backend
@@ -205,3 +205,29 @@ def test_a_hosted_backends_calls_are_shared_split_and_reloaded_as_a_pool_is(
         assert split is not None
         caps.append(split.cap)
     assert caps == [2, 2, 1]  # 5 of 10, split over 3 workers
+
+
+def test_a_hosted_backends_share_is_of_the_calls_litellm_makes_at_once(tmp_path: Path) -> None:
+    # LiteLLM's connector makes 500 calls per host at once: with 1,024 connections per
+    # backend configured, half of them (512) let one tenant's streams hold every one.
+    limits = {"max_connections_per_backend": 1024}
+    backends = [backend("gpu", "http://127.0.0.1:9", "m"), hosted_backend("h", "http://h/v1", "m")]
+    both = gateway_config(backends, tenants=_tenants("acme", "limited"), limits=limits)
+    registry = assemble(both, {"HOSTED_KEY": "k"}, config_dir=tmp_path).registry
+    pool, calls = registry.backends["gpu"].pool, registry.backends["h"].calls
+    assert pool is not None and pool.share.cap == 512  # of the pool's own 1,024
+    assert calls is not None and calls.cap == 250  # of LiteLLM's 500
+
+
+@pytest.mark.parametrize(
+    ("environ", "calls"),
+    [
+        ({}, 500),
+        ({"AIOHTTP_CONNECTOR_LIMIT_PER_HOST": " 40 "}, 40),
+        ({"AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "0"}, 1000),  # no per-host limit: the total
+        ({"AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "0", "AIOHTTP_CONNECTOR_LIMIT": "0"}, 1024),
+        ({"AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "many"}, 500),  # LiteLLM: its default
+    ],
+)
+def test_hosted_calls_reads_litellms_limits_as_it_does(environ: dict[str, str], calls: int) -> None:
+    assert hosted_calls(1024, environ) == calls
