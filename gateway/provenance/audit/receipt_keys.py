@@ -20,18 +20,12 @@ receipt A signed for one was accepted, that checkpoint being the first to cover 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from gateway.provenance.audit.reader import LogDirectory
-from gateway.provenance.audit.rotation import RotationOrder
+from gateway.provenance.audit.receipt_order import check_order_below, check_size
 from gateway.provenance.errors import LogVerificationError, MalformedError, SignatureError
-from gateway.provenance.formats.checkpoint import SignedCheckpoint, open_checkpoint
-from gateway.provenance.formats.layout import (
-    MAX_HISTORY,
-    first_history_above,
-    history_upto,
-    read_log_file,
-)
+from gateway.provenance.formats.checkpoint import open_checkpoint
+from gateway.provenance.formats.layout import MAX_HISTORY, first_history_above, read_log_file
 from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.receipt_payload import Receipt
 from gateway.provenance.formats.receipts import verify_receipt
@@ -104,10 +98,10 @@ def check_receipt_key(
             f"{where}, the first to cover entry {receipt.index}, is signed by no trusted key: {exc}"
         ) from exc
     if first is not None:
-        _check_size(signed, *first)
+        check_size(signed, *first)
     # the served checkpoint too: else whoever kept a retired key signed it alone and left
     # its history file out, and the order was never applied
-    _check_rotation_order(log, signed, receipt, verifiers, max_checkpoints)
+    check_order_below(log, signed, receipt, verifiers, max_checkpoints)
     keys = {f"{s.name}+{s.key_id:08x}" for s in signed.signatures.verified}
     if not signers & keys:
         raise LogVerificationError(
@@ -116,57 +110,3 @@ def check_receipt_key(
             "receipt's key was not the log's key when the entry was written (a key retired "
             "by a rotation signed it after its retirement)"
         )
-
-
-def _check_size(signed: SignedCheckpoint, size: int, path: Path) -> None:
-    if signed.checkpoint.size != size:
-        # the file is chosen by its name: an older note placed under a later name (one
-        # the retired key signed) would otherwise decide which key the entry had
-        raise LogVerificationError(
-            f"checkpoint checkpoints/{path.name} holds size {signed.checkpoint.size}, "
-            f"not {size}: its history file does not hold the checkpoint its name says"
-        )
-
-
-def _check_rotation_order(
-    log: LogDirectory,
-    covering: SignedCheckpoint,
-    receipt: Receipt,
-    verifiers: Sequence[Verifier],
-    limit: int,
-) -> None:
-    """Raise LogVerificationError unless `covering`, the first checkpoint to cover the
-    receipt's entry (a history file's, else the served one), keeps the rotation order
-    (`audit.rotation`) after the history below it. That order is decided by the
-    checkpoints where a key first signed alone, so those below it are found in one pass
-    over `checkpoints/` in any order, keeping one per key (never a listing): then they
-    and `covering` are checked in size order. The leading checkpoints no key of
-    `verifiers` signed (before a rotation, the auditor holding only the new key) are
-    skipped as `verify_log --accept-earlier-keys` skips them; one after a trusted one is
-    refused."""
-    introduced: dict[str, SignedCheckpoint] = {}  # key -> the first checkpoint it signed
-    unsigned: list[int] = []  # the least and the greatest size no trusted key signed
-    first_trusted = covering.checkpoint.size
-    for size, path in history_upto(log.path, covering.checkpoint.size - 1, limit):
-        try:
-            signed = open_checkpoint(read_log_file(path), verifiers, origin=receipt.log)
-        except SignatureError:
-            unsigned = [min([size, *unsigned]), max([size, *unsigned])]
-            continue
-        _check_size(signed, size, path)
-        first_trusted = min(first_trusted, size)
-        for sig in signed.signatures.verified:
-            key = f"{sig.name}+{sig.key_id:08x}"
-            if key not in introduced or size < introduced[key].checkpoint.size:
-                introduced[key] = signed
-    if unsigned and unsigned[1] > first_trusted:
-        raise LogVerificationError(
-            f"the checkpoint of size {unsigned[1]} (its history file), below the first to "
-            f"cover entry {receipt.index} and above one a trusted key signed, is signed by "
-            "no trusted key"
-        )
-    order = RotationOrder(after_unsigned=bool(unsigned))
-    by_size = {signed.checkpoint.size: signed for signed in introduced.values()}
-    for size in sorted(by_size):
-        order.add(by_size[size])
-    order.add(covering)
