@@ -76,6 +76,13 @@ _NOT_PROPAGATED = (
     "sent then) or they reload their config. Do not retry: it is revoked here"
 )
 
+_UNLISTED = (
+    "this host's revoked keys list (state.revocations_file) could not take it (full, or "
+    "not writable: the gateway's log says why; it retries): a gateway process started on "
+    "this host while Redis is down, a restart included, accepts the key if gateway.yaml "
+    "or a keys file still lists it"
+)
+
 
 @router.delete(
     "/keys/{digest}",
@@ -102,6 +109,7 @@ async def revoke_key(
             control, caller, "key_revoke", owners[0], change, changed=True, local=not share
         )
         shared = await runtime.state.revoke_key(key_hash, share=share)  # before the rename
+        listed = runtime.state.status().unlisted_revocations == 0  # this host's list
         try:
             await removal.commit()
             unchanged = None
@@ -110,8 +118,11 @@ async def revoke_key(
     if keys_file is not None and unchanged is None:
         await control.reload()
     if shared and unchanged is None:
-        return KeyRevoked(**done.model_dump(), propagated=True)
-    detail = _NOT_PROPAGATED
+        if listed:
+            return KeyRevoked(**done.model_dump(), propagated=True)
+        response.status_code = 202
+        return KeyRevoked(**done.model_dump(), propagated=True, listed=False, detail=_UNLISTED)
+    detail = _NOT_PROPAGATED if listed else f"{_NOT_PROPAGATED}; {_UNLISTED}"
     if share and not shared:  # Redis failed during the call: a record says so after "done"
         try:
             done = await act(
@@ -122,7 +133,7 @@ async def revoke_key(
     if unchanged is not None:
         raise _file_unchanged(unchanged, shared=shared, logged=done.log_index)
     response.status_code = 202
-    return KeyRevoked(**done.model_dump(), propagated=False, detail=detail)
+    return KeyRevoked(**done.model_dump(), propagated=False, listed=listed, detail=detail)
 
 
 def _file_unchanged(exc: GatewayError, *, shared: bool, logged: int | None) -> GatewayError:

@@ -200,6 +200,13 @@ class KeyRevoked(ActionResult):
         "a sync interval; false (202): this replica and the keys file refuse it, other "
         "replicas accept it until Redis is back (it is queued and sent then) or they reload"
     )
+    listed: bool = Field(
+        default=True,
+        description="true: in this host's revoked keys list (state.revocations_file), so "
+        "processes started here later refuse it, Redis up or down; false (202): the list "
+        "could not take it (full, or not writable): one started while Redis is down "
+        "accepts the key if gateway.yaml or a keys file still lists it",
+    )
     detail: str | None = Field(default=None, description="what false means, in words")
 
 

@@ -165,6 +165,12 @@ class StateCollector(Collector):
             value=status.pending_revocations,
         )
         yield GaugeMetricFamily(
+            "owngate_state_unlisted_revocations",
+            "Key revocations made or learned here that this host's revoked keys list does "
+            "not hold (its write failed): a process started here without Redis misses them.",
+            value=status.unlisted_revocations,
+        )
+        yield GaugeMetricFamily(
             "owngate_state_limit_copies",
             "Processes that each enforce every tenant limit in full on their own (a tenant "
             "may get up to this many times its limits): 1 (workers split them).",

@@ -229,5 +229,6 @@ class MemoryState:
             fallbacks=0,
             errors=0,
             pending_revocations=0,
+            unlisted_revocations=self._kept.unwritten if self._kept is not None else 0,
             limit_parts=self._parts,
         )

@@ -209,6 +209,7 @@ class RedisState:
             fallbacks=self._health.fallbacks,
             errors=self._health.errors,
             pending_revocations=self._revocations.pending,
+            unlisted_revocations=self._kept.unwritten if self._kept is not None else 0,
             restores=self._restore_run.restores,
         )
 

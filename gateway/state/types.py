@@ -253,6 +253,9 @@ class StateStatus:
     fallbacks: int  # calls decided on local state because Redis was unavailable
     errors: int  # Redis calls that failed or timed out
     pending_revocations: int  # revocations made here that Redis has not stored yet
+    # revocations made or learned here that this host's revoked keys list does not hold
+    # (its write failed: full, unwritable): a process started here without Redis misses them
+    unlisted_revocations: int = 0
     restores: int = 0  # times this replica put its budget use back (its lease was gone)
     # processes each enforcing every tenant limit in full on their own ledger (a tenant
     # may get up to this many times its limits): always 1 (workers split them: below)
@@ -271,6 +274,7 @@ class StateStatus:
             "fallbacks": self.fallbacks,
             "errors": self.errors,
             "pending_revocations": self.pending_revocations,
+            "unlisted_revocations": self.unlisted_revocations,
             "restores": self.restores,
             "limit_copies": self.limit_copies,
             "limit_parts": self.limit_parts,

@@ -20,6 +20,7 @@ import pytest
 
 from gateway.config.provenance import ProvenanceSettings
 from gateway.provenance import ProvenanceLog, verify_log
+from gateway.provenance.errors import KeyFormatError
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
 from gateway.provenance.formats.cosignature import Cosigner
 from gateway.provenance.formats.layout import cosigned_path
@@ -139,3 +140,27 @@ def test_workers_out_of_range_are_refused_before_the_state_is_made(tmp_path: Pat
         with pytest.raises(ValueError, match="workers"):
             open_witness(tmp_path / "w.json", workers=workers)
         assert not (tmp_path / "w.json").exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_key_named_for_a_workers_origin_beside_the_workers_key_is_refused(
+    tmp_path: Path, workers: int
+) -> None:
+    """Another log's operator whose key is named `ORIGIN/worker-1` would have that
+    origin's tree in the witness state: its checkpoints cosigned as worker 1's log, the
+    gateway's worker 1 then refused (untrusted, or a conflict with the tree it forked).
+    The witness refuses to start with both keys, before its state is made."""
+    intruder = seeded_signer(f"{ORIGIN}/worker-1", seed=4)
+    verifiers = [LOG_SIGNER.verifier(), intruder.verifier()]
+    with pytest.raises(KeyFormatError, match="worker-1"):
+        Witness.open(tmp_path / "w.json", COSIGNER, verifiers, new=True, workers=workers)
+    assert not (tmp_path / "w.json").exists()
+
+
+def test_a_key_named_like_a_worker_past_workers_is_its_own_log(tmp_path: Path) -> None:
+    """`ORIGIN/worker-3` beside `ORIGIN` with 2 workers names no worker's log: its key's."""
+    other = seeded_signer(f"{ORIGIN}/worker-3", seed=4)
+    verifiers = [LOG_SIGNER.verifier(), other.verifier()]
+    with Witness.open(tmp_path / "w.json", COSIGNER, verifiers, new=True, workers=2) as witness:
+        note = sign_checkpoint(Checkpoint(f"{ORIGIN}/worker-3", 0, EMPTY_ROOT), [other])
+        witness.add_checkpoint(0, [], note)

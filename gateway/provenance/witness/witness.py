@@ -34,7 +34,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from gateway.provenance.errors import MalformedError, ProofError, ProvenanceError, SignatureError
+from gateway.provenance.errors import (
+    KeyFormatError,
+    MalformedError,
+    ProofError,
+    ProvenanceError,
+    SignatureError,
+)
 from gateway.provenance.formats.checkpoint import (
     MAX_TREE_SIZE,
     Checkpoint,
@@ -164,6 +170,21 @@ def _worker_number(text: str, workers: int) -> bool:
     )
 
 
+def _unambiguous_workers(logs: Sequence[Verifier], workers: int) -> None:
+    """Raise KeyFormatError for a log key named `<name>/worker-<i>` (i <= `workers`) beside
+    one named `<name>`: that origin would be two logs, and the other key's holder could
+    fork worker i's tree in the state (its checkpoints cosigned, the gateway's refused)."""
+    names = {verifier.name for verifier in logs}
+    for name in sorted(names):
+        base, found, number = name.rpartition(_WORKER)
+        if found and base in names and _worker_number(number, workers):
+            raise KeyFormatError(
+                f"log keys {base!r} and {name!r}: with {workers} `serve --workers` logs "
+                f"per key, {name!r} is worker {number}'s log of {base!r}; trust one of "
+                "them, or witness fewer workers"
+            )
+
+
 def _extras(head: TreeHead) -> tuple[object, ...]:
     """What a head records besides the tree itself (its equality compares only the tree)."""
     return head.keys, head.seen, head.time
@@ -209,6 +230,7 @@ class Witness:
         # Its cosignature lines under a log key's name and id would fail that log's note
         # for every verifier that trusts the key (unambiguous_witnesses): refuse to start.
         unambiguous_witnesses([cosigner.verifier()], logs)
+        _unambiguous_workers(logs, workers)
         self.cosigner = cosigner
         self._logs: dict[str, list[Verifier]] = {}
         for verifier in logs:  # the key name is the log's origin (C2SP tlog-checkpoint)
@@ -236,6 +258,7 @@ class Witness:
         unambiguous_witnesses([cosigner.verifier()], logs)
         if not 0 <= workers <= MAX_WORKERS:
             raise ValueError(f"workers is 0..{MAX_WORKERS}, not {workers}")
+        _unambiguous_workers(logs, workers)
         state = WitnessState.open(state_path, new=new)
         return cls(cosigner, logs, state, clock=clock, workers=workers)
 
