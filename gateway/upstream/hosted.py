@@ -37,6 +37,7 @@ from gateway.upstream.hosted_errors import (
     local_reason,
 )
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
+from gateway.upstream.hosted_finish import Unfinished, unfinished
 from gateway.upstream.hosted_libraries import BOTO3_ROUTES
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
@@ -215,11 +216,7 @@ class HostedClient:
             litellm = await aload_litellm()
         except Exception as exc:  # whatever the import raised: the gateway's own failure
             raise HostedUnavailable(type(exc).__name__[:80]) from exc
-        try:  # a field LiteLLM's adapter would drop unsaid (hosted_support.py)
-            if endpoint == "chat":
-                self._support.check(litellm, params, provider_model)
-        except RefusedField as exc:
-            raise not_valid(self.provider, exc) from None
+        self._support.check(litellm, endpoint, params, provider_model)  # HostedError, 400
         return Prepared(endpoint, doc, params, ignored, provider_model, litellm)
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
@@ -237,6 +234,8 @@ class HostedClient:
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):
+            if endpoint != "embeddings" and unfinished(outbound.answer):  # LiteLLM's "stop"
+                raise Unfinished(self.provider)
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
             return HostedResponse(

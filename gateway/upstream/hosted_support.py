@@ -5,8 +5,8 @@ field the provider's adapter does not take is left out of the call without a wor
 LiteLLM 1.108.7's `get_optional_params` drops every field missing from
 `get_supported_openai_params(model, custom_llm_provider)`. A client that asked Anthropic
 for `n: 2` got one choice, one that asked for `seed`, `logprobs` or `logit_bias` got an
-answer made without them, and nothing said so. Such a field is refused (`RefusedField`,
-400 naming the field and the provider, nothing sent), unless it is advisory
+answer made without them, and nothing said so. Such a field is refused (400 naming the
+field, and the provider in the operator's message; nothing sent), unless it is advisory
 (`ADVISORY`: it changes who is billed or tracked, not what the answer is) or holds the
 API's default, which asks for nothing (`n: 1`, `logprobs: false`, a penalty of 0, ...).
 
@@ -38,6 +38,11 @@ __all__ = ["ADVISORY", "SupportTable", "dropped_fields", "not_valid"]
 ADVISORY: Final = frozenset({"user", "safety_identifier", "prompt_cache_key", "service_tier"})
 # Fields LiteLLM reads itself, never checked against a provider's list.
 _OWN: Final = frozenset({"messages", "stream", "stream_options"})
+# The provider is named only in the operator's message (`not_valid`): which hosted provider
+# a request was headed for is a routing internal (gateway/upstream/hosted_errors.py).
+_WHY: Final = (
+    "this model's provider does not take it (LiteLLM would leave it out and answer without it)"
+)
 # A field at its API default asks for nothing: losing it changes nothing.
 _DEFAULTS: Final[dict[str, Any]] = {
     "n": 1,
@@ -75,9 +80,22 @@ class SupportTable:
         self._api_base = api_base
         self._dropped: dict[str, frozenset[str]] = {}
 
-    def check(self, litellm: ModuleType, params: Mapping[str, Any], provider_model: str) -> None:
-        """Raise `RefusedField` for the first of a chat request's `params` the provider's
-        adapter would drop, unless it is advisory or at its default."""
+    def check(
+        self, litellm: ModuleType, endpoint: str, params: Mapping[str, Any], provider_model: str
+    ) -> None:
+        """Raise `HostedError` (`not_valid`: 400, nothing sent) for the first of a chat
+        request's `params` the provider's adapter would drop, unless it is advisory or at
+        its default."""
+        if endpoint != "chat":
+            return
+        try:
+            self._refuse_dropped(litellm, params, provider_model)
+        except RefusedField as exc:
+            raise not_valid(self._provider, exc) from None
+
+    def _refuse_dropped(
+        self, litellm: ModuleType, params: Mapping[str, Any], provider_model: str
+    ) -> None:
         dropped = self._dropped.get(provider_model)
         if dropped is None:
             dropped = dropped_fields(litellm, provider_model, self._api_base) - ADVISORY
@@ -85,11 +103,7 @@ class SupportTable:
         for name in sorted(dropped.intersection(params)):
             if _at_default(name, params[name]):
                 continue
-            raise RefusedField(
-                name,
-                f"{self._provider} does not take it through LiteLLM, which would leave it "
-                "out and answer without it",
-            )
+            raise RefusedField(name, _WHY)
 
 
 def _at_default(name: str, value: Any) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.hosted_fields import RefusedField
+from gateway.upstream.hosted_errors import HostedError
 from gateway.upstream.hosted_support import ADVISORY, SupportTable, dropped_fields
 from gateway.upstream.litellm_runtime import load_litellm
 
@@ -75,10 +75,12 @@ def test_a_field_anthropic_would_lose_is_refused_naming_it_and_the_provider(
     litellm: ModuleType, fields: dict[str, Any], param: str
 ) -> None:
     table = SupportTable("anthropic", None)
-    with pytest.raises(RefusedField) as refused:
-        table.check(litellm, {"messages": [], **fields}, "anthropic/claude-sonnet-4-5")
-    assert refused.value.param == param
-    assert "anthropic does not take it" in str(refused.value)
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "chat", {"messages": [], **fields}, "anthropic/claude-sonnet-4-5")
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert "not valid for anthropic (not sent)" in refused.value.message  # the operator's
+    assert "anthropic" not in refused.value.public  # a routing internal to the client
+    assert "this model's provider does not take it" in refused.value.public
 
 
 @pytest.mark.parametrize(
@@ -95,12 +97,17 @@ def test_defaults_advisory_and_supported_fields_pass(
     litellm: ModuleType, fields: dict[str, Any]
 ) -> None:
     table = SupportTable("anthropic", None)
-    table.check(litellm, {"messages": [], **fields}, "anthropic/claude-sonnet-4-5")
+    table.check(litellm, "chat", {"messages": [], **fields}, "anthropic/claude-sonnet-4-5")
 
 
 def test_support_depends_on_the_model_not_only_the_route(litellm: ModuleType) -> None:
     table = SupportTable("openai", None)
-    table.check(litellm, {"messages": [], "top_p": 0.5}, "openai/gpt-4o")
-    with pytest.raises(RefusedField) as refused:
-        table.check(litellm, {"messages": [], "top_p": 0.5}, "openai/o1")
+    table.check(litellm, "chat", {"messages": [], "top_p": 0.5}, "openai/gpt-4o")
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "chat", {"messages": [], "top_p": 0.5}, "openai/o1")
     assert refused.value.param == "top_p"
+
+
+def test_only_chat_is_checked(litellm: ModuleType) -> None:
+    table = SupportTable("anthropic", None)
+    table.check(litellm, "completions", {"prompt": "p", "n": 2}, "anthropic/claude-sonnet-4-5")
