@@ -10,14 +10,18 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.attempt import Attempt
 from gateway.upstream.errors import sanitize_upstream_message
 from gateway.upstream.hosted import HostedError
+from gateway.upstream.hosted_finish import Unfinished
 
 __all__ = ["judge", "last_error", "untranslated"]
 
 
 def last_error(exc: HostedError) -> GatewayError | None:
     """What the client sees if this failed call was the last attempt: 504 for a timeout,
-    as for a private backend (`last_error`, gateway/api/private_failures.py); None: 503
-    naming every failure (gateway/api/proxy.py)."""
+    as for a private backend (`last_error`, gateway/api/private_failures.py), 502 for a
+    whole answer without the provider's finish reason; None: 503 naming every failure
+    (gateway/api/proxy.py)."""
+    if isinstance(exc, Unfinished):  # as a private backend's answer of the wrong shape
+        return GatewayError(ErrorCode.upstream_error, exc.public)
     if exc.kind != "timeout":
         return None
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")

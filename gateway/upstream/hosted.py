@@ -37,9 +37,11 @@ from gateway.upstream.hosted_errors import (
     local_reason,
 )
 from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
+from gateway.upstream.hosted_finish import Unfinished, unfinished
 from gateway.upstream.hosted_libraries import BOTO3_ROUTES
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
+from gateway.upstream.hosted_support import SupportTable, not_valid
 from gateway.upstream.hosted_transport import Outbound, deadline_mover, watching
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.litellm_runtime import (
@@ -167,6 +169,7 @@ class HostedClient:
         self._max_answer_bytes = max_answer_bytes
         self._idle_timeout_s = idle_timeout_s
         self._text_client: tuple[asyncio.AbstractEventLoop, Any] | None = None
+        self._support = SupportTable(self.provider, backend.base_url)
 
     def __repr__(self) -> str:
         return f"HostedClient({self.backend_id!r}, provider={self.provider!r})"
@@ -186,8 +189,9 @@ class HostedClient:
         OpenAI shape (gateway/upstream/openai_shapes.py), what the provider would do
         beyond answering (hosted_fields.py), URLs an adapter would fetch from here and
         stored objects it would read (media_urls.py). A refused request raises
-        `HostedError` ("status", 400, "not sent"); then LiteLLM is loaded, and
-        `HostedUnavailable` raised if it cannot be."""
+        `HostedError` ("status", 400, "not sent"); then LiteLLM is loaded (else
+        `HostedUnavailable`), and a chat field its adapter would drop unsaid is refused
+        the same way (hosted_support.py)."""
         provider_model = self._models.get(upstream_model)
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
@@ -207,17 +211,12 @@ class HostedClient:
             elif endpoint == "embeddings":  # objects an adapter would read from the account
                 check_embedding_input(params)
         except (InvalidField, RefusedField) as exc:
-            raise HostedError(
-                "status",
-                f"the request is not valid for {self.provider} (not sent): {exc}",
-                status=400,
-                param=exc.param,
-                public=f"the request is not valid for this model's provider (not sent): {exc}",
-            ) from None
+            raise not_valid(self.provider, exc) from None
         try:
             litellm = await aload_litellm()
         except Exception as exc:  # whatever the import raised: the gateway's own failure
             raise HostedUnavailable(type(exc).__name__[:80]) from exc
+        self._support.check(litellm, endpoint, params, provider_model)  # HostedError, 400
         return Prepared(endpoint, doc, params, ignored, provider_model, litellm)
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
@@ -235,6 +234,8 @@ class HostedClient:
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):
+            if endpoint != "embeddings" and unfinished(outbound.answer):  # LiteLLM's "stop"
+                raise Unfinished(self.provider)
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
             return HostedResponse(
@@ -333,7 +334,7 @@ class HostedClient:
             "timeout": self._timeout_s,
             "num_retries": 0,  # retries and fallbacks are the gateway's decision
             "max_retries": 0,
-            "drop_params": True,  # an OpenAI field the provider lacks is left out, not fatal
+            "drop_params": True,  # chat: what it drops is advisory (hosted_support.py)
         }
         if self._api_base is not None:
             options["api_base"] = self._api_base

@@ -118,6 +118,7 @@ async def bounded_send(
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound)
         if whole:
             await response.aread()
+            outbound.answer = response.content if response.is_success else outbound.answer
     except BaseException:
         await response.aclose()
         raise
@@ -150,6 +151,7 @@ def bounded_send_sync(
         response.stream = _bounded_stream(module, response.stream, limit, whole, outbound, True)
         if whole:
             response.read()
+            outbound.answer = response.content if response.is_success else outbound.answer
     except BaseException:
         response.close()
         raise

@@ -106,9 +106,10 @@ class Outbound:
     `on_head`, when set, is called as a bounded answer's head has arrived (before its
     body is read); `ended` once the watched block is left (answered, failed, timed out or
     cancelled): a sync read in LiteLLM's worker thread, which no cancellation reaches,
-    stops at its next read (gateway/upstream/hosted_bound.py)."""
+    stops at its next read (gateway/upstream/hosted_bound.py); `answer`, the body of the
+    last whole 2xx answer read within `max_bytes` (gateway/upstream/hosted_finish.py)."""
 
-    __slots__ = ("cut", "ended", "max_bytes", "on_head", "proxy", "reached")
+    __slots__ = ("answer", "cut", "ended", "max_bytes", "on_head", "proxy", "reached")
 
     def __init__(self, max_bytes: int | None = None, proxy: str | None = None) -> None:
         self.reached = self.ended = False
@@ -116,6 +117,7 @@ class Outbound:
         self.proxy = proxy
         self.cut: str | None = None
         self.on_head: Callable[[], None] | None = None
+        self.answer: bytes | None = None
 
 
 # The call being watched in this context (tasks LiteLLM starts inherit it).

@@ -20,7 +20,7 @@ from gateway.upstream.openai_shapes import check_shapes
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.schema_refs import check_schema_refs
 
-__all__ = ["request_params"]
+__all__ = ["forwarded_fields", "request_params"]
 
 # From the OpenAI API reference: "Create chat completion", "Create completion" (legacy),
 # "Create embeddings". `model` is set by the gateway and `stream` from the document's
@@ -135,6 +135,11 @@ _TYPE_NAMES: Final = {
     dict: "an object",
     list: "an array",
 }
+
+
+def forwarded_fields(endpoint: Endpoint) -> frozenset[str]:
+    """The client's fields a hosted call of `endpoint` may send (the allowlist above)."""
+    return _FIELDS[endpoint]
 
 
 def request_params(

@@ -1,0 +1,129 @@
+"""A chat field the provider's LiteLLM adapter would drop (`drop_params=True`) is refused
+on the hosted attempt, before anything is sent (gateway/upstream/hosted_support.py).
+
+LiteLLM 1.108.7 takes no `n`, `seed`, `logprobs` or `logit_bias` for Anthropic and left
+them out unsaid: a client that asked for two choices got one, with a 200 and a record
+committing to it. Now the request is 400 `upstream_bad_request` naming the field and
+the provider, the provider gets nothing and the signed log holds a refusal record and
+nothing else; the same request with the field at its default (`n: 1`) is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from gateway.provenance import write_signing_key
+from gateway.serving import ServerThread
+from tests.helpers.anthropic_mock import AnthropicMock
+from tests.helpers.gateways import (
+    LITELLM_WARNINGS,
+    TENANT_KEY,
+    anthropic_backend,
+    gateway_config,
+)
+from tests.helpers.provenance import request_records
+
+pytestmark = LITELLM_WARNINGS
+
+ANTHROPIC_KEY = "sk-ant-dropped-0123456789"
+POLICY = """\
+apiVersion: policy.owngate.dev/v1
+kind: Policy
+metadata: {id: zero, version: "1"}
+spec:
+  tenants: [acme]
+  residency: {allow: [eu]}
+  retention: {max_days: zero}
+  fallback:
+    mode: when_private_unavailable
+    to: [{backend: claude}]
+"""
+
+
+@dataclass
+class Stack:
+    url: str
+    anthropic: AnthropicMock
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("dropped")
+    (root / "policies").mkdir()
+    (root / "policies" / "zero.yaml").write_text(POLICY)
+    write_signing_key(root / "log.key", "test.owngate/dropped")
+    anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
+    with ServerThread(anthropic) as claude_server:
+        claude = anthropic_backend("claude", claude_server.url)
+        config = gateway_config(
+            [claude],
+            policy={"paths": [str(root / "policies")]},
+            provenance={
+                "dir": str(root / "log"),
+                "origin": "test.owngate/dropped",
+                "signing_key_file": str(root / "log.key"),
+                "checkpoint_interval_ms": 20,
+            },
+        )
+        app = create_app(config, environ={"MOCK_ANTHROPIC_KEY": ANTHROPIC_KEY})
+        with ServerThread(app) as gateway:
+            yield Stack(gateway.url, anthropic, root / "log")
+
+
+def chat(stack: Stack, **fields: Any) -> httpx.Response:
+    stack.anthropic.reset()
+    return httpx.post(
+        f"{stack.url}/v1/chat/completions",
+        json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+              **fields},
+        headers={"authorization": f"Bearer {TENANT_KEY}"},
+        timeout=120,  # the first hosted request imports LiteLLM
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"seed": 7}, "seed"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ],
+)
+def test_a_field_the_provider_would_lose_is_refused_unsent(
+    stack: Stack, fields: dict[str, Any], param: str
+) -> None:
+    refused = chat(stack, **fields)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "upstream_bad_request",
+        param,
+    )
+    assert "not sent" in error["message"] and "provider does not take it" in error["message"]
+    assert "anthropic" not in error["message"]  # which provider is a routing internal
+    assert stack.anthropic.received == []
+    request_id = refused.headers["x-request-id"]
+    (refusal,) = request_records(stack.log, request_id, "refusal")
+    assert (refusal["reason"], refusal["rule"]) == (
+        "upstream_bad_request",
+        "owngate/hosted_request",
+    )
+    assert {r["type"] for r in request_records(stack.log, request_id)} == {"refusal"}
+
+
+def test_the_same_request_at_the_defaults_is_served(stack: Stack) -> None:
+    answer = chat(stack, n=1, logprobs=False, user="someone")
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["choices"]) == 1
+    (received,) = stack.anthropic.received
+    assert "n" not in received.body and "logprobs" not in received.body

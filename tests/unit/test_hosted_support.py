@@ -1,0 +1,113 @@
+"""Which chat fields a hosted provider's LiteLLM adapter would drop unsaid, as the pinned
+LiteLLM (1.108.7) says (gateway/upstream/hosted_support.py), and which of a request's
+fields are refused for it.
+
+`PINNED` is read from LiteLLM's own `get_supported_openai_params`, one model of each
+provider kind the docs name: a LiteLLM that takes more or fewer fields for one of them
+fails here, and docs/api.md's list of what each provider refuses is to be checked again.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from gateway.upstream.hosted_errors import HostedError
+from gateway.upstream.hosted_support import ADVISORY, SupportTable, dropped_fields
+from gateway.upstream.litellm_runtime import load_litellm
+
+# provider_model: the non-advisory fields the gateway forwards that LiteLLM 1.108.7 drops.
+_ANTHROPIC = (
+    "audio frequency_penalty function_call functions logit_bias logprobs modalities n "
+    "prediction presence_penalty"
+)
+PINNED = {
+    "openai/gpt-4o": "reasoning_effort verbosity",
+    "openai/o1": "frequency_penalty logprobs parallel_tool_calls presence_penalty "
+    "top_logprobs top_p verbosity",
+    "openai/gpt-5": "audio frequency_penalty logit_bias logprobs modalities prediction "
+    "presence_penalty stop top_logprobs top_p web_search_options",
+    "azure/gpt-4o": "reasoning_effort verbosity",
+    "anthropic/claude-sonnet-4-5": f"{_ANTHROPIC} seed top_logprobs verbosity",
+    "bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0": f"{_ANTHROPIC} reasoning_effort "
+    "seed top_logprobs verbosity web_search_options",
+    "bedrock/meta.llama3-70b-instruct-v1:0": f"{_ANTHROPIC} reasoning_effort seed "
+    "tool_choice tools top_logprobs verbosity web_search_options",
+    "vertex_ai/gemini-2.0-flash": "function_call logit_bias prediction reasoning_effort verbosity",
+    "gemini/gemini-2.5-flash": "audio function_call logit_bias prediction top_logprobs verbosity",
+    "cohere/command-r": "audio function_call functions logit_bias logprobs modalities "
+    "parallel_tool_calls prediction reasoning_effort response_format top_logprobs "
+    "verbosity web_search_options",
+    "mistral/mistral-large-latest": f"{_ANTHROPIC} reasoning_effort top_logprobs verbosity "
+    "web_search_options",
+}
+
+
+@pytest.fixture(scope="module")
+def litellm() -> ModuleType:
+    return load_litellm()
+
+
+@pytest.mark.parametrize("provider_model", sorted(PINNED))
+def test_the_fields_each_provider_drops_are_the_pinned_litellms(
+    litellm: ModuleType, provider_model: str
+) -> None:
+    dropped = dropped_fields(litellm, provider_model, None) - ADVISORY
+    assert sorted(dropped) == PINNED[provider_model].split()
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"seed": 7}, "seed"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": 1}, "frequency_penalty"),
+        ({"n": True}, "n"),  # JSON's true is not the default 1
+    ],
+)
+def test_a_field_anthropic_would_lose_is_refused_naming_it_and_the_provider(
+    litellm: ModuleType, fields: dict[str, Any], param: str
+) -> None:
+    table = SupportTable("anthropic", None)
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "chat", {"messages": [], **fields}, "anthropic/claude-sonnet-4-5")
+    assert (refused.value.status, refused.value.param) == (400, param)
+    assert "not valid for anthropic (not sent)" in refused.value.message  # the operator's
+    assert "anthropic" not in refused.value.public  # a routing internal to the client
+    assert "this model's provider does not take it" in refused.value.public
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"n": 1, "logprobs": False, "presence_penalty": 0, "frequency_penalty": 0.0},
+        {"logit_bias": {}, "top_logprobs": 0},
+        {"user": "u", "safety_identifier": "s", "prompt_cache_key": "k", "service_tier": "auto"},
+        {"temperature": 0.2, "top_p": 0.9, "stop": ["x"], "max_tokens": 5, "tools": []},
+        {"stream": True, "stream_options": {"include_usage": True}},
+    ],
+)
+def test_defaults_advisory_and_supported_fields_pass(
+    litellm: ModuleType, fields: dict[str, Any]
+) -> None:
+    table = SupportTable("anthropic", None)
+    table.check(litellm, "chat", {"messages": [], **fields}, "anthropic/claude-sonnet-4-5")
+
+
+def test_support_depends_on_the_model_not_only_the_route(litellm: ModuleType) -> None:
+    table = SupportTable("openai", None)
+    table.check(litellm, "chat", {"messages": [], "top_p": 0.5}, "openai/gpt-4o")
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "chat", {"messages": [], "top_p": 0.5}, "openai/o1")
+    assert refused.value.param == "top_p"
+
+
+def test_only_chat_is_checked(litellm: ModuleType) -> None:
+    table = SupportTable("anthropic", None)
+    table.check(litellm, "completions", {"prompt": "p", "n": 2}, "anthropic/claude-sonnet-4-5")
