@@ -34,6 +34,7 @@ from gateway.provenance import ProvenanceError
 from gateway.provenance.witness.client import WitnessClient
 from gateway.provenance.writer.cosignature_collector import Cosigning
 from gateway.tracing import start_tracing
+from gateway.upstream.litellm_runtime import preload_litellm
 from gateway.upstream.sockets import share_with_hosted
 
 __all__ = ["GatewayApp"]
@@ -137,6 +138,8 @@ class GatewayApp(Runtime):
                 await recorder.open()
             except (OSError, ProvenanceError) as exc:
                 return f"provenance log: {exc}"  # fail closed: no log, no traffic
+        if self.policies.current.falls_back():  # before traffic: beside it, the GIL
+            await preload_litellm()  # it holds stalls every request (litellm_runtime.py)
         await self.state.start()  # never fails: Redis down means local state
         # Know which backends are healthy before taking traffic (bounded by the scrape
         # timeout), then keep probing in the background.

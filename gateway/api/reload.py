@@ -48,6 +48,7 @@ from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import UNLISTED, policy_stamps
 from gateway.settling import Settling
+from gateway.upstream.litellm_runtime import preload_litellm
 
 if TYPE_CHECKING:
     from gateway.api.parts import Assembly
@@ -279,6 +280,8 @@ class ConfigReloader:
                 self._unreadable += 1
                 self._read_again()
             return self._failed(str(exc).splitlines()[0], exc)
+        if parts.policies.current.falls_back():  # its first hosted call waits for none
+            await preload_litellm()
         await parts.scraper.scrape_once()  # know the new backends' health before routing
         while running.policies.current is not read:
             # The running set's watcher loaded a policy change while the new config was

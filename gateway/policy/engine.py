@@ -90,6 +90,14 @@ class PolicySet:
         """What gateway.yaml declared about a backend, as this set was compiled against."""
         return self._declared.get(backend_id)
 
+    def falls_back(self) -> bool:
+        """Whether a request may go to a hosted backend under this set: one is declared,
+        and some policy's fallback (its own or a data class's) is not `never`."""
+        if not any(backend.tier == "hosted" for backend in self._declared.values()):
+            return False
+        fallbacks = (f for p in self._policies.values() for f in p.fallbacks.values())
+        return any(fallback.mode != "never" for fallback in fallbacks)
+
     def policy_ids(self) -> tuple[str, ...]:
         return tuple(sorted(self._policies))
 

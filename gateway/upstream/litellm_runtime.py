@@ -1,9 +1,15 @@
-"""Load LiteLLM on first use, offline and silent; close the HTTP clients it caches.
+"""Load LiteLLM before its first use, offline and silent; close the HTTP clients it caches.
 
-Nothing here runs at import: `load_litellm()` imports LiteLLM the first time a hosted
-backend is called, so the private-backend path never pays for it (a test checks that).
-The import takes seconds of CPU, so `aload_litellm()` runs it in a worker thread and the
-event loop keeps serving private traffic meanwhile.
+Nothing here runs at import. `preload_litellm()` imports LiteLLM at startup, before the
+gateway is ready, and at a config reload, before the new config is installed, when the
+policy set may send a request to a hosted backend (`PolicySet.falls_back`); else the first
+hosted call imports it (`aload_litellm()`). A gateway whose policies never fall back
+never imports it (a test checks that). The import takes seconds of CPU, so it runs in a
+worker thread; but beside traffic that thread starved the event loop of the GIL: with
+private requests every 10 ms, a fresh gateway's first hosted call held them for up to
+0.8 s each, several times, while it imported LiteLLM (the same import in another process
+held none above 40 ms). Loaded before the gateway is ready, with the modules LiteLLM's
+first call imported (`_FIRST_CALL_MODULES`), none beside that call took over 40 ms.
 
 What is switched off, and why (LiteLLM 1.108.7, read from its source):
 
@@ -100,6 +106,7 @@ re-exported here) refuses a backend such a variable would redirect.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import logging
@@ -108,6 +115,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Final
 
+from gateway.logs import get_logger
 from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.hosted_libraries import (
     install_botocore_bound,
@@ -132,6 +140,7 @@ __all__ = [
     "check_base_url_environment",
     "load_litellm",
     "no_redirect_http_client",
+    "preload_litellm",
 ]
 
 FORCED_ENVIRONMENT: Final[dict[str, str]] = {
@@ -153,6 +162,14 @@ _REMOVED_ENVIRONMENT: Final = (
     "LITELLM_HTTP2",  # the same (aiohttp has no HTTP/2)
 )
 _LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
+# What LiteLLM 1.108.7's first chat call imported (its `completion` on a worker thread):
+# 0.2-0.3 s holding the GIL beside the first hosted call's traffic.
+_FIRST_CALL_MODULES: Final = (
+    "litellm._service_logger",
+    "litellm.llms.litellm_proxy.chat",
+    "litellm.llms.openai_like.dynamic_config",
+    "litellm.proxy._types",
+)
 _CALLBACK_LISTS: Final = (
     "callbacks",
     "input_callback",
@@ -230,6 +247,9 @@ def load_litellm() -> ModuleType:
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     install_text_client_default()  # a bridged text completion: the gateway's client, closed
     install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking
+    for module in _FIRST_CALL_MODULES:  # here, not beside the first call's traffic
+        with contextlib.suppress(ImportError):  # another LiteLLM: its first call imports it
+            importlib.import_module(module)
     for name in _LOGGERS:
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
@@ -317,6 +337,16 @@ async def aload_litellm() -> ModuleType:
     if load_litellm.cache_info().currsize:
         return load_litellm()
     return await asyncio.to_thread(load_litellm)
+
+
+async def preload_litellm() -> None:
+    """`aload_litellm()` before traffic needs it (see the module's notes). A failure is
+    logged, by its type alone, and the first hosted call tries again: its error is then
+    the call's (`HostedUnavailable`)."""
+    try:
+        await aload_litellm()
+    except Exception as exc:  # noqa: BLE001 - whatever the import raised
+        get_logger("owngate.hosted").warning("litellm not loaded", error=type(exc).__name__)
 
 
 async def aclose_litellm_clients() -> None:
