@@ -30,6 +30,7 @@ from gateway.listener import http_protocol
 
 __all__ = [
     "STARTUP_FAILURE",
+    "STOP_SIGNALS",
     "BesideServer",
     "CleanExitServer",
     "DrainingServer",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 _FORCED_END_S = 5.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # a server's drain, its handler's once it runs
 
 
 def settle_heap() -> None:
@@ -99,8 +101,10 @@ class CleanExitServer(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        # A worker of `serve --workers` starts with them blocked (`gateway.workers`): one
+        # sent while it started is pending, and taken now by the handler, not the default.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         try:
             yield
         finally:

@@ -19,7 +19,7 @@ supervisor
 - on SIGTERM or SIGINT forwards SIGTERM, waits for every worker to drain
   (`limits.drain_timeout_s`, plus a margin) and exits 0 when all of them exited 0 (a
   worker dead in its restart backoff has nothing to drain and is not counted, unless it
-  died 5 times in a row right after starting: then 1).
+  died 5 times in a row right after starting: then 1; see `_prepare_worker`).
 
 What differs in a worker (`for_worker`):
 
@@ -66,7 +66,7 @@ from types import FrameType
 
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
-from gateway.serving import bind_socket
+from gateway.serving import STOP_SIGNALS, bind_socket
 from gateway.state.memory import RESTARTED_ENV, WORKERS_ENV, unsplittable
 from gateway.tenants import tenant_limits
 from gateway.upstream.tenant_share import config_share_unsplittable
@@ -307,11 +307,14 @@ class Supervisor:
 
 def _prepare_worker() -> None:
     """In a new worker, before it runs: SIGTERM it if the supervisor dies (Linux), so a
-    killed supervisor never leaves workers holding the port; and ignore SIGHUP until its
+    killed supervisor never leaves workers holding the port; ignore SIGHUP until its
     app handles it (a signal's default action ends the process: a reload the supervisor
     forwards while a worker starts would kill it). The app's first look at the config
-    file after start reloads it, so no reload asked for meanwhile is lost."""
+    file after start reloads it, so no reload asked for meanwhile is lost. And block
+    SIGTERM and SIGINT until its server handles them (`CleanExitServer`): a stop while it
+    starts drains it once it serves (before, it died -15: the stop exited 1)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # kept across exec, unlike a handler
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the mask is kept too
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

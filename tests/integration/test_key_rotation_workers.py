@@ -19,8 +19,9 @@ import httpx
 import yaml
 
 from gateway.provenance import load_verifiers, verify_log, verify_receipt, write_signing_key
-from tests.helpers.processes import KEY, GatewayProcess
+from tests.helpers.processes import KEY, GatewayProcess, listening_sockets
 from tests.helpers.provenance import run_audit
+from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/rotated-workers"
 REQUEST = json.dumps(
@@ -29,12 +30,17 @@ REQUEST = json.dumps(
 
 
 def _serve(gateway: GatewayProcess, most: int = 60) -> dict[str, bytes]:
-    """Start, send chats until each worker's log signed a receipt (at most `most`), stop
-    (final checkpoints); returns one receipt per log origin."""
+    """Start, wait until both workers listen, send chats until each worker's log signed a
+    receipt (at most `most`), stop (final checkpoints); returns one receipt per log origin.
+
+    `/readyz` answers once one worker serves: before, under load, the second could still
+    be starting after `most` requests, all answered by the first (the stop then found it
+    starting)."""
     gateway.start()
     headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
     receipts: dict[str, bytes] = {}
     try:
+        until(lambda: listening_sockets(gateway.port) == 2, "both workers listen", timeout=60)
         with httpx.Client(base_url=gateway.url, headers=headers, timeout=10) as client:
             for _ in range(most):
                 if len(receipts) == 2:

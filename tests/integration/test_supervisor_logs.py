@@ -25,6 +25,7 @@ from tests.helpers.waiting import until
 WORKER = f"""
 import os, signal, sys
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM}})  # as serve's server
 with open(sys.argv[1], "a") as starts:
     starts.write(os.environ[{INDEX_ENV!r}] + "\\n")
 signal.alarm(120)  # bounded: SIGALRM ends it if SIGTERM never comes

@@ -38,6 +38,7 @@ with open(sys.argv[1], "a") as starts:
 if index == "2":
     sys.exit(2)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGTERM}})  # as serve's server
 for _ in range(1200):  # bounded: 120 s
     time.sleep(0.1)
 sys.exit(1)
@@ -114,6 +115,7 @@ def test_a_restarted_worker_is_not_told_again_to_start_a_new_log(tmp_path: Path)
     program = (
         "import os, signal, sys\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # before it says it started\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # as serve's server\n"
         "with open(sys.argv[1], 'a') as seen:\n"
         f"    seen.write(repr((sys.argv[2:], os.environ.get({NEW_LOG_ORIGIN_ENV!r}))) + '\\n')\n"
         "if len(open(sys.argv[1]).read().splitlines()) == 1:\n"
@@ -204,6 +206,7 @@ def test_a_worker_ignores_sighup_until_its_app_handles_it(tmp_path: Path) -> Non
         "import signal, sys, time\n"
         "ignored = signal.getsignal(signal.SIGHUP) == signal.SIG_IGN\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # before it says it started\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # as serve's server\n"
         "open(sys.argv[1], 'w').write(str(ignored))\n"
         "for _ in range(600):\n"
         "    time.sleep(0.1)\n"
@@ -246,6 +249,7 @@ def test_a_dead_workers_snapshot_leaves_the_merged_metrics(tmp_path: Path) -> No
     program = (
         "import os, pathlib, signal, sys\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # as serve's server\n"
         f"index = os.environ[{INDEX_ENV!r}]\n"
         "with open(sys.argv[1], 'a') as starts:\n"
         "    starts.write(index + '\\n')\n"
@@ -305,6 +309,7 @@ def test_signals_are_handled_while_a_dead_worker_waits_out_its_backoff(tmp_path:
         "if index == '2':\n"
         "    sys.exit(3)\n"
         "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # as serve's server\n"
         "signal.signal(signal.SIGHUP, lambda *_: say('hup'))\n"
         "say('1')\n"
         "signal.alarm(60)  # bounded: SIGALRM ends it if no SIGTERM comes\n"
@@ -371,6 +376,7 @@ ONE_SERVES_ONE_DIES = (
     "    say('2')\n"
     "    sys.exit(3)\n"
     "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # as serve's server\n"
     "signal.signal(signal.SIGHUP, lambda *_: say('hup'))\n"
     "say('1')\n"
     "signal.alarm(60)  # bounded: SIGALRM ends it if no SIGTERM comes\n"
