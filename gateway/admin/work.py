@@ -32,13 +32,12 @@ from typing import Final, TypeVar
 from fastapi import Request
 
 from gateway.admin.auth import Caller
-from gateway.errors import ErrorCode, GatewayError
+from gateway.in_flight import InFlight
 
 __all__ = ["PER_CALLER", "THREADS", "AdminWork", "in_thread"]
 
 THREADS: Final = 4  # the admin's worker threads, and its calls in flight at most
 PER_CALLER: Final = 2  # of them, one admin token's
-_RETRY_SOON: Final = ((b"retry-after", b"1"),)
 _T = TypeVar("_T")
 
 
@@ -47,48 +46,42 @@ class AdminWork:
     in all and per caller (`run`: one more, or 429)."""
 
     def __init__(self, threads: int = THREADS, per_caller: int = PER_CALLER) -> None:
-        self._threads, self._per_caller = threads, per_caller
+        self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
-        self._running: dict[str, int] = {}  # caller -> its calls in flight (none: absent)
-        self._total = 0
+        self._in_flight = InFlight(
+            threads,
+            per_caller,
+            lambda mine: (
+                f"this admin token already runs {mine} log reads or checks at once, "
+                "as many as one token may; retry when one is answered"
+            ),
+            lambda total: (
+                f"the admin API already runs {total} log reads or checks at once, "
+                "as many as it runs; retry shortly"
+            ),
+        )
 
     def running(self, caller: str) -> int:
-        return self._running.get(caller, 0)
+        return self._in_flight.held(caller)
 
     async def run(self, caller: str, call: Callable[..., _T], *args: object) -> _T:
         """`call(*args)` in one of the admin's threads, for `caller` (an admin token's
         digest prefix); raises `GatewayError` (429, retry after 1 s) when the caller or
         the admin already runs as many calls as it may."""
-        mine = self._running.get(caller, 0)
-        if mine >= self._per_caller:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                f"this admin token already runs {mine} log reads or checks at once, as many "
-                "as one token may; retry when one is answered",
-                headers=_RETRY_SOON,
-            )
-        if self._total >= self._threads:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                f"the admin API already runs {self._total} log reads or checks at once, as "
-                "many as it runs; retry shortly",
-                headers=_RETRY_SOON,
-            )
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="owngate-admin")
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
-        self._running[caller] = mine + 1
-        self._total += 1
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="owngate-admin")
+        self._in_flight.take(caller)  # raises, holding nothing
         try:
             done: Future[_T] = self._pool.submit(context.run, call, *args)
         except BaseException:  # not submitted (the pool shut down): nothing runs
-            self._free(caller)
+            self._in_flight.give_back(caller)
             raise
 
         def finished(_: Future[_T]) -> None:  # in the thread, or here if never started
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to bound
-                loop.call_soon_threadsafe(self._free, caller)
+                loop.call_soon_threadsafe(self._in_flight.give_back, caller)
 
         done.add_done_callback(finished)
         return await asyncio.wrap_future(done)
@@ -97,14 +90,6 @@ class AdminWork:
         """Start no more calls (those not started are dropped); running ones finish."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def _free(self, caller: str) -> None:
-        self._total -= 1
-        left = self._running[caller] - 1
-        if left:
-            self._running[caller] = left
-        else:
-            del self._running[caller]
 
 
 async def in_thread(request: Request, caller: Caller, call: Callable[..., _T], *args: object) -> _T:

@@ -32,6 +32,7 @@ from gateway.asgi import (
     send_json,
 )
 from gateway.errors import ErrorCode, GatewayError
+from gateway.in_flight import InFlight
 from gateway.tenants import TenantEntry
 
 __all__ = ["PROOF_READS", "PROOF_READS_PER_TENANT", "ProofReads", "TenantReads"]
@@ -40,50 +41,37 @@ __all__ = ["PROOF_READS", "PROOF_READS_PER_TENANT", "ProofReads", "TenantReads"]
 # a checkpoint falling due waits behind at most these (~1 ms each on a local disk).
 PROOF_READS: Final = 8
 PROOF_READS_PER_TENANT: Final = 4  # of them, one tenant's
-_RETRY_SOON = ((b"retry-after", b"1"),)
 
 
 class ProofReads:
     """The proof reads in flight, in all and per tenant (`taken`: one more, or 429)."""
 
     def __init__(self, most: int = PROOF_READS, per_tenant: int = PROOF_READS_PER_TENANT) -> None:
-        self._most, self._per_tenant = most, per_tenant
-        self._reading: dict[str, int] = {}  # tenant -> its reads in flight (none: absent)
-        self._total = 0
+        self._in_flight = InFlight(
+            most,
+            per_tenant,
+            lambda mine: (
+                f"your requests already read {mine} inclusion proofs at once, as many "
+                "as one tenant's may; retry when one is answered"
+            ),
+            lambda total: (
+                f"the gateway already reads {total} inclusion proofs at once, as "
+                "many as it reads; retry shortly"
+            ),
+        )
 
     def reading(self, tenant: str) -> int:
-        return self._reading.get(tenant, 0)
+        return self._in_flight.held(tenant)
 
     @contextlib.contextmanager
     def taken(self, tenant: str) -> Iterator[None]:
         """Hold one read of `tenant` for the block; raises `GatewayError` (429, retry after
         1 s) when the tenant or the process already reads as many as it may."""
-        mine = self._reading.get(tenant, 0)
-        if mine >= self._per_tenant:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                f"your requests already read {mine} inclusion proofs at once, as many as one "
-                "tenant's may; retry when one is answered",
-                headers=_RETRY_SOON,
-            )
-        if self._total >= self._most:
-            raise GatewayError(
-                ErrorCode.rate_limit_exceeded,
-                f"the gateway already reads {self._total} inclusion proofs at once, as many "
-                "as it reads; retry shortly",
-                headers=_RETRY_SOON,
-            )
-        self._reading[tenant] = mine + 1
-        self._total += 1
+        self._in_flight.take(tenant)
         try:
             yield
         finally:
-            self._total -= 1
-            left = self._reading[tenant] - 1
-            if left:
-                self._reading[tenant] = left
-            else:
-                del self._reading[tenant]
+            self._in_flight.give_back(tenant)
 
 
 class TenantReads:
