@@ -5,8 +5,12 @@ name. LiteLLM's keyword arguments are also its control channel (`api_base`, `api
 `extra_headers`, `metadata`, `mock_response`, `fallbacks`, ...), so a client field outside
 the allowlist could redirect the call, with the gateway's provider key, to a server of the
 client's choosing. Other fields are therefore not sent, and their names are reported back
-so the gateway can say so. The fields sent must have the JSON type the API documents, and
-their objects the documented shape (gateway/upstream/openai_shapes.py; `InvalidField`
+so the gateway can say so; but a field of the inference servers' own APIs that constrains
+or changes the answer (`ANSWER_FIELDS`: vLLM's `guided_json`, llama.cpp's `grammar`,
+`top_k`, `min_tokens`, ...) is refused (`RefusedField`), not left out: a private backend
+honours it, and a hosted answer made without it would not be what the client asked for.
+The fields sent must have the JSON type the API documents, and their objects the
+documented shape (gateway/upstream/openai_shapes.py; `InvalidField`
 otherwise): LiteLLM fails on a wrong type in ways that look like a provider failure.
 """
 
@@ -15,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from gateway.upstream.hosted_fields import RefusedField
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_shapes import check_shapes
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.schema_refs import check_schema_refs
 
-__all__ = ["forwarded_fields", "request_params"]
+__all__ = ["ANSWER_FIELDS", "forwarded_fields", "request_params"]
 
 # From the OpenAI API reference: "Create chat completion", "Create completion" (legacy),
 # "Create embeddings". `model` is set by the gateway and `stream` from the document's
@@ -87,6 +92,67 @@ _ONE_CHOICE_STREAMS: Final = (
 # keyword arguments, and OpenAI's `include_obfuscation` only pads the chunks LiteLLM
 # re-encodes anyway.
 _STREAM_OPTIONS: Final = frozenset({"include_usage"})
+# Fields of vLLM's, SGLang's and llama.cpp's own request APIs (no OpenAI field) that
+# constrain or change a generated answer: structured output and sampling. A private backend
+# gets them byte for byte and honours them; LiteLLM would not be given them (they are not
+# in the allowlist), so a client failed over with `guided_json` got unconstrained text, and
+# a 200. Refused for chat and completions when not null (`RefusedField`: 400, not sent);
+# other fields outside the allowlist stay left out. The names are this list's, never echoed
+# from the client's document.
+ANSWER_FIELDS: Final = frozenset(
+    {
+        # structured output: vLLM (guided_* before 0.11, then structured_outputs),
+        # SGLang, llama.cpp
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+        "structured_outputs",
+        "regex",
+        "json_schema",
+        "ebnf",
+        "grammar",
+        # sampling: vLLM's SamplingParams, SGLang's sampling_params, llama.cpp's server
+        "top_k",
+        "min_p",
+        "typical_p",
+        "top_n_sigma",
+        "repetition_penalty",
+        "repeat_penalty",
+        "repeat_last_n",
+        "length_penalty",
+        "use_beam_search",
+        "allowed_token_ids",
+        "bad_words",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "dynatemp_range",
+        "dynatemp_exponent",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "xtc_probability",
+        "xtc_threshold",
+        "samplers",
+        # stopping and length
+        "min_tokens",
+        "n_predict",
+        "stop_token_ids",
+        "stop_regex",
+        "ignore_eos",
+        "include_stop_str_in_output",
+        "no_stop_trim",
+    }
+)
+_ANSWER_WHY: Final = (
+    "an inference server's own field that constrains or changes the answer, which a hosted "
+    "provider is not given (it would answer without it)"
+)
 # The field each endpoint requires (the same reference). LiteLLM 1.108.7 calls a text
 # completion without `prompt` and fails on its own (`APIConnectionError`), which read as
 # the provider failing: 503 and the next backend tried, for the client's mistake.
@@ -147,7 +213,8 @@ def request_params(
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """LiteLLM arguments for the client's document, and the names of fields left out.
 
-    Raises `InvalidField` for a field of the wrong JSON type, a malformed message, a
+    Raises `RefusedField` for a non-null `ANSWER_FIELDS` field of a chat or completion,
+    `InvalidField` for a field of the wrong JSON type, a malformed message, a
     missing required field (`messages`, `prompt`, `input`), or a schema whose `$ref`s
     would expand past `schema_refs.MAX_INLINED` values, or a stream of several choices
     (`n` > 1: `_ONE_CHOICE_STREAMS`).
@@ -165,6 +232,10 @@ def request_params(
     check_shapes(endpoint, params)
     check_schema_refs(params)  # `$ref`s an adapter inlines: bounded (schema_refs.py)
     ignored = [k for k in doc if k not in allowed and k not in _HANDLED]
+    if endpoint != "embeddings":
+        for name in sorted(ANSWER_FIELDS.intersection(ignored)):
+            if doc[name] is not None:
+                raise RefusedField(name, _ANSWER_WHY)
     options = doc.get("stream_options")
     if isinstance(options, dict):
         ignored += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTIONS]

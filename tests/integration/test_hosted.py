@@ -339,7 +339,7 @@ def test_only_openai_fields_reach_litellm(env: Servers) -> None:
         extra_headers={"x-evil": "1"},
         mock_response="not from the provider",
         metadata={"tag": "x"},
-        top_k=3,
+        return_token_ids=True,
     )
     response = run(client, lambda: client.send("chat", doc, "public"))
     assert response.ignored_fields == (
@@ -348,14 +348,15 @@ def test_only_openai_fields_reach_litellm(env: Servers) -> None:
         "extra_headers",
         "metadata",
         "mock_response",
-        "top_k",
+        "return_token_ids",
     )
     sent = env.sim.captured("/v1/chat/completions")[-1]
     assert sent.header("authorization") == f"Bearer {OPENAI_KEY}".encode()
     assert sent.header("x-evil") is None
     body = orjson.loads(sent.body)
     assert body["temperature"] == 0.5
-    assert not {"api_base", "api_key", "metadata", "mock_response", "top_k"} & body.keys()
+    left_out = {"api_base", "api_key", "metadata", "mock_response", "return_token_ids"}
+    assert not left_out & body.keys()
 
 
 def test_the_key_comes_only_from_the_named_environment_variable(env: Servers) -> None:

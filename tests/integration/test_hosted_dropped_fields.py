@@ -6,6 +6,11 @@ them out unsaid: a client that asked for two choices got one, with a 200 and a r
 committing to it. Now the request is 400 `upstream_bad_request` naming the field and
 the provider, the provider gets nothing and the signed log holds a refusal record and
 nothing else; the same request with the field at its default (`n: 1`) is served.
+
+So is an inference server's own field that constrains the answer (vLLM's `guided_json`,
+llama.cpp's `grammar`, `top_k`, ...: gateway/upstream/openai_request.py `ANSWER_FIELDS`)
+when a down private backend fails the request over: LiteLLM is never given it, and the
+client got unconstrained text with a 200.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from tests.helpers.gateways import (
     LITELLM_WARNINGS,
     TENANT_KEY,
     anthropic_backend,
+    backend,
     gateway_config,
 )
+from tests.helpers.net import free_port
 from tests.helpers.provenance import request_records
 
 pytestmark = LITELLM_WARNINGS
@@ -69,6 +76,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             provenance={
                 "dir": str(root / "log"),
                 "origin": "test.owngate/dropped",
+                "signing_key_file": str(root / "log.key"),
+                "checkpoint_interval_ms": 20,
+            },
+        )
+        app = create_app(config, environ={"MOCK_ANTHROPIC_KEY": ANTHROPIC_KEY})
+        with ServerThread(app) as gateway:
+            yield Stack(gateway.url, anthropic, root / "log")
+
+
+@pytest.fixture(scope="module")
+def failed_over(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`stack`'s gateway with a private backend first, down (nothing listens on its port)."""
+    root = tmp_path_factory.mktemp("failed_over")
+    (root / "policies").mkdir()
+    (root / "policies" / "zero.yaml").write_text(POLICY)
+    write_signing_key(root / "log.key", "test.owngate/failed-over")
+    anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
+    with ServerThread(anthropic) as claude_server:
+        down = backend("gpu", f"http://127.0.0.1:{free_port()}/v1", "m")
+        claude = anthropic_backend("claude", claude_server.url)
+        config = gateway_config(
+            [down, claude],
+            policy={"paths": [str(root / "policies")]},
+            provenance={
+                "dir": str(root / "log"),
+                "origin": "test.owngate/failed-over",
                 "signing_key_file": str(root / "log.key"),
                 "checkpoint_interval_ms": 20,
             },
@@ -127,3 +160,36 @@ def test_the_same_request_at_the_defaults_is_served(stack: Stack) -> None:
     assert len(answer.json()["choices"]) == 1
     (received,) = stack.anthropic.received
     assert "n" not in received.body and "logprobs" not in received.body
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"guided_json": {"type": "object"}}, "guided_json"),
+        ({"grammar": 'root ::= "yes" | "no"'}, "grammar"),
+        ({"top_k": 3, "decoy_field_x": 1}, "top_k"),
+    ],
+)
+def test_a_server_field_that_constrains_the_answer_is_refused_on_failover(
+    failed_over: Stack, fields: dict[str, Any], param: str
+) -> None:
+    served = chat(failed_over)  # the private backend is down: the hosted provider answers
+    assert served.status_code == 200, served.text
+    assert len(failed_over.anthropic.received) == 1
+    refused = chat(failed_over, **fields)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["param"]) == (
+        "invalid_request_error",
+        "upstream_bad_request",
+        param,
+    )
+    assert "not sent" in error["message"] and "constrains or changes the answer" in error["message"]
+    assert "decoy_field_x" not in refused.text
+    assert failed_over.anthropic.received == []
+    (refusal,) = request_records(failed_over.log, refused.headers["x-request-id"])
+    assert (refusal["type"], refusal["reason"], refusal["rule"]) == (
+        "refusal",
+        "upstream_bad_request",
+        "owngate/hosted_request",
+    )

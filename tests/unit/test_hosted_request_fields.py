@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.upstream.hosted_fields import RefusedField
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_request import request_params
 
@@ -112,3 +113,47 @@ def test_a_stream_of_several_choices_is_the_clients_error(
     with pytest.raises(InvalidField) as error:
         request_params(endpoint, doc)  # type: ignore[arg-type]
     assert error.value.param == "n"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("guided_json", {"type": "object"}),
+        ("guided_regex", "[0-9]+"),
+        ("guided_choice", ["yes", "no"]),
+        ("guided_grammar", "root ::= 'a'"),
+        ("guided_decoding_backend", "xgrammar"),
+        ("structured_outputs", {"json": {"type": "object"}}),
+        ("regex", "[0-9]+"),
+        ("json_schema", {"type": "object"}),
+        ("ebnf", "root ::= 'a'"),
+        ("grammar", "root ::= 'a'"),
+        ("top_k", 3),
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.2),
+        ("min_tokens", 16),
+        ("stop_token_ids", [2]),
+        ("ignore_eos", True),
+    ],
+)
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_server_field_that_constrains_the_answer_is_refused_not_left_out(
+    endpoint: str, field: str, value: object
+) -> None:
+    # A private backend honours these; LiteLLM is never given them, so a client failed
+    # over with `guided_json` got unconstrained text and a 200. The refusal names the
+    # field from the gateway's own list (never the client's other field names).
+    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "decoy_x": 1, field: value}
+    with pytest.raises(RefusedField) as refused:
+        request_params(endpoint, doc)  # type: ignore[arg-type]
+    assert refused.value.param == field
+    assert "decoy_x" not in str(refused.value)
+
+
+def test_a_null_server_field_and_an_embeddings_one_are_left_out() -> None:
+    doc = {"model": "m", "messages": MESSAGES, "top_k": None, "grammar": None, "decoy_x": 1}
+    params, ignored = request_params("chat", doc)
+    assert ignored == ("decoy_x", "grammar", "top_k") and "top_k" not in params
+    embed = {"model": "m", "input": "hi", "top_k": 3}
+    params, ignored = request_params("embeddings", embed)
+    assert ignored == ("top_k",) and "top_k" not in params
