@@ -149,6 +149,31 @@ ANSWER_FIELDS: Final = frozenset(
         "no_stop_trim",
     }
 )
+# Values of those fields that ask for nothing a hosted provider does not do anyway (the
+# sampler or limit switched off, an empty list): left out as before, not refused, so a
+# client library that always sends its defaults is still served on failover. A bool is
+# never read as 0 or 1.
+_ASKS_NOTHING: Final[dict[str, tuple[object, ...]]] = {
+    "top_k": (-1, 0),
+    "min_p": (0,),
+    "typical_p": (1,),
+    "repetition_penalty": (1,),
+    "repeat_penalty": (1,),
+    "length_penalty": (1,),
+    "use_beam_search": (False,),
+    "min_tokens": (0,),
+    "n_predict": (-1,),
+    "ignore_eos": (False,),
+    "include_stop_str_in_output": (False,),
+    "no_stop_trim": (False,),
+    "mirostat": (0,),
+    "dynatemp_range": (0,),
+    "dry_multiplier": (0,),
+    "xtc_probability": (0,),
+    "stop_token_ids": ([],),
+    "allowed_token_ids": ([],),
+    "bad_words": ([],),
+}
 _ANSWER_WHY: Final = (
     "an inference server's own field that constrains or changes the answer, which a hosted "
     "provider is not given (it would answer without it)"
@@ -234,7 +259,7 @@ def request_params(
     ignored = [k for k in doc if k not in allowed and k not in _HANDLED]
     if endpoint != "embeddings":
         for name in sorted(ANSWER_FIELDS.intersection(ignored)):
-            if doc[name] is not None:
+            if doc[name] is not None and not _asks_nothing(name, doc[name]):
                 raise RefusedField(name, _ANSWER_WHY)
     options = doc.get("stream_options")
     if isinstance(options, dict):
@@ -245,6 +270,14 @@ def request_params(
         params["stream"] = True
         params["stream_options"] = {"include_usage": True}
     return params, tuple(sorted(ignored))
+
+
+def _asks_nothing(name: str, value: object) -> bool:
+    """Whether `value` of the server field `name` only restates what a hosted provider does."""
+    return any(
+        isinstance(value, bool) is isinstance(off, bool) and value == off
+        for off in _ASKS_NOTHING.get(name, ())
+    )
 
 
 def _check_type(param: str, value: Any, types: tuple[type, ...] | None) -> None:

@@ -157,3 +157,45 @@ def test_a_null_server_field_and_an_embeddings_one_are_left_out() -> None:
     embed = {"model": "m", "input": "hi", "top_k": 3}
     params, ignored = request_params("embeddings", embed)
     assert ignored == ("top_k",) and "top_k" not in params
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", -1),
+        ("top_k", 0),
+        ("min_p", 0.0),
+        ("repetition_penalty", 1.0),
+        ("repeat_penalty", 1),
+        ("ignore_eos", False),
+        ("min_tokens", 0),
+        ("stop_token_ids", []),
+        ("use_beam_search", False),
+    ],
+)
+def test_a_server_field_at_a_value_that_asks_for_nothing_is_left_out(
+    field: str, value: object
+) -> None:
+    # A client library that always sends its sampler defaults is served on failover: the
+    # sampler switched off is what a hosted provider does anyway.
+    params, ignored = request_params("chat", {"model": "m", "messages": MESSAGES, field: value})
+    assert ignored == (field,) and field not in params
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", 40),
+        ("top_k", True),
+        ("min_p", 0.05),
+        ("ignore_eos", True),
+        ("ignore_eos", 0),
+        ("repetition_penalty", 1.1),
+        ("stop_token_ids", [2]),
+    ],
+)
+def test_a_server_field_near_a_value_that_asks_for_nothing_is_refused(
+    field: str, value: object
+) -> None:
+    with pytest.raises(RefusedField):
+        request_params("chat", {"model": "m", "messages": MESSAGES, field: value})
