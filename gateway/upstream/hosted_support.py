@@ -23,6 +23,8 @@ on some models, ... (LiteLLM's `bedrock_route_for_request`), and its fields are 
 mapped by Converse's list, which lacks `seed`, `logprobs` and the penalties. For such a
 model the route is LiteLLM's answer for each request (a dict lookup and a few `get`s) and
 the table is kept per model and route: before, `seed` with `stop` was dropped unsaid.
+Grok and GPT 5.6 and newer on Bedrock list `stop` but both routes drop it
+(`bedrock_rejects_stop_sequences`: AWS refuses it for them): refused as not taken.
 
 Not covered (docs/security.md): a value LiteLLM's adapter drops though the field is
 supported (`temperature` other than 1 on `openai/gpt-5`), text completions and embeddings.
@@ -81,9 +83,17 @@ def dropped_fields(
             supported = ask(model=model, custom_llm_provider=provider)
         if supported is None:  # LiteLLM falls back to OpenAI's list (`get_optional_params`)
             supported = ask(model=model, custom_llm_provider="openai")
+        supported = set(supported or ())
+        if provider == "bedrock" and _bedrock_utils().bedrock_rejects_stop_sequences(model):
+            supported.discard("stop")  # listed, but both routes' mappings drop it
     except Exception:  # noqa: BLE001 - an unknown model: the call itself is refused unsent
         return frozenset()
-    return frozenset(forwarded_fields("chat") - _OWN - set(supported or ()))
+    return frozenset(forwarded_fields("chat") - _OWN - supported)
+
+
+def _bedrock_utils() -> ModuleType:
+    """LiteLLM's Bedrock helpers (imported with LiteLLM: a lookup)."""
+    return importlib.import_module("litellm.llms.bedrock.common_utils")
 
 
 class SupportTable:
@@ -148,7 +158,7 @@ def bedrock_router(
         )
         if not isinstance(config, litellm.AmazonBedrockRuntimeChatCompletionsConfig):
             return None
-        bedrock = importlib.import_module("litellm.llms.bedrock.common_utils")
+        bedrock = _bedrock_utils()
     except Exception:  # noqa: BLE001 - as in `dropped_fields`: the call is refused unsent
         return None
     return partial(bedrock.bedrock_route_for_request, model, additional_drop_params=None)

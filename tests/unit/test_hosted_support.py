@@ -9,6 +9,7 @@ fails here, and docs/api.md's list of what each provider refuses is to be checke
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -143,3 +144,21 @@ def test_a_bedrock_request_litellm_sends_to_converse_is_held_to_converses_fields
         table.check(litellm, "chat", converse, _ROUTED)
     assert (refused.value.status, refused.value.param) == (400, "seed")
     table.check(litellm, "chat", native, _ROUTED)  # the native route takes it
+
+
+def test_stop_is_refused_where_litellm_drops_it_on_every_bedrock_route(
+    litellm: ModuleType,
+) -> None:
+    routed = "bedrock/openai.gpt-5.6"
+    model, provider, _, _ = litellm.get_llm_provider(routed)
+    bedrock = importlib.import_module("litellm.llms.bedrock.common_utils")
+    assert bedrock.bedrock_rejects_stop_sequences(model)  # LiteLLM drops `stop` for it
+    kept = litellm.utils.get_optional_params(
+        model=model, custom_llm_provider=provider, drop_params=True, messages=[], stop=["x"]
+    )
+    assert not {"stop", "stopSequences"} & set(kept)  # unsaid, as LiteLLM maps it
+    with pytest.raises(HostedError) as refused:
+        SupportTable("bedrock", None).check(
+            litellm, "chat", {"messages": [], "stop": ["x"]}, routed
+        )
+    assert (refused.value.status, refused.value.param) == (400, "stop")
