@@ -9,6 +9,7 @@ fails here, and docs/api.md's list of what each provider refuses is to be checke
 
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 from typing import Any
 
@@ -111,3 +112,53 @@ def test_support_depends_on_the_model_not_only_the_route(litellm: ModuleType) ->
 def test_only_chat_is_checked(litellm: ModuleType) -> None:
     table = SupportTable("anthropic", None)
     table.check(litellm, "completions", {"prompt": "p", "n": 2}, "anthropic/claude-sonnet-4-5")
+
+
+# A Bedrock model LiteLLM serves on bedrock-runtime's native Chat Completions, whose
+# requests go to Converse when they hold `stop` (LiteLLM's `bedrock_route_for_request`).
+_ROUTED = "bedrock/chat_completions/openai.gpt-oss-120b-1:0"
+
+
+def _sent(litellm: ModuleType, fields: dict[str, Any]) -> dict[str, Any]:
+    """What LiteLLM's own mapping keeps of `fields` for `_ROUTED` with drop_params."""
+    model, provider, _, _ = litellm.get_llm_provider(_ROUTED)
+    kept: dict[str, Any] = litellm.utils.get_optional_params(
+        model=model, custom_llm_provider=provider, drop_params=True, messages=[], **fields
+    )
+    return kept
+
+
+@pytest.mark.parametrize("first_native", [True, False], ids=["native-first", "converse-first"])
+def test_a_bedrock_request_litellm_sends_to_converse_is_held_to_converses_fields(
+    litellm: ModuleType, first_native: bool
+) -> None:
+    native = {"messages": [], "seed": 7}
+    converse = {"messages": [], "seed": 7, "stop": ["x"]}
+    # LiteLLM's own mapping, which the table must follow: seed kept, seed dropped unsaid
+    assert _sent(litellm, {"seed": 7})["seed"] == 7
+    assert "seed" not in _sent(litellm, {"seed": 7, "stop": ["x"]})
+    table = SupportTable("bedrock", None)
+    if first_native:
+        table.check(litellm, "chat", native, _ROUTED)
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "chat", converse, _ROUTED)
+    assert (refused.value.status, refused.value.param) == (400, "seed")
+    table.check(litellm, "chat", native, _ROUTED)  # the native route takes it
+
+
+def test_stop_is_refused_where_litellm_drops_it_on_every_bedrock_route(
+    litellm: ModuleType,
+) -> None:
+    routed = "bedrock/openai.gpt-5.6"
+    model, provider, _, _ = litellm.get_llm_provider(routed)
+    bedrock = importlib.import_module("litellm.llms.bedrock.common_utils")
+    assert bedrock.bedrock_rejects_stop_sequences(model)  # LiteLLM drops `stop` for it
+    kept = litellm.utils.get_optional_params(
+        model=model, custom_llm_provider=provider, drop_params=True, messages=[], stop=["x"]
+    )
+    assert not {"stop", "stopSequences"} & set(kept)  # unsaid, as LiteLLM maps it
+    with pytest.raises(HostedError) as refused:
+        SupportTable("bedrock", None).check(
+            litellm, "chat", {"messages": [], "stop": ["x"]}, routed
+        )
+    assert (refused.value.status, refused.value.param) == (400, "stop")
