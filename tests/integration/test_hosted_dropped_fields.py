@@ -16,110 +16,40 @@ client got unconstrained text with a 200.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.provenance import write_signing_key
-from gateway.serving import ServerThread
-from tests.helpers.anthropic_mock import AnthropicMock
+from tests.helpers.anthropic_stack import Stack, anthropic_stack
+from tests.helpers.anthropic_stack import chat as ask
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
-    TENANT_KEY,
-    anthropic_backend,
     backend,
-    gateway_config,
 )
 from tests.helpers.net import free_port
 from tests.helpers.provenance import request_records
 
 pytestmark = LITELLM_WARNINGS
 
-ANTHROPIC_KEY = "sk-ant-dropped-0123456789"
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: zero, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: claude}]
-"""
-
-
-@dataclass
-class Stack:
-    url: str
-    anthropic: AnthropicMock
-    log: Path
-
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("dropped")
-    (root / "policies").mkdir()
-    (root / "policies" / "zero.yaml").write_text(POLICY)
-    write_signing_key(root / "log.key", "test.owngate/dropped")
-    anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
-    with ServerThread(anthropic) as claude_server:
-        claude = anthropic_backend("claude", claude_server.url)
-        config = gateway_config(
-            [claude],
-            policy={"paths": [str(root / "policies")]},
-            provenance={
-                "dir": str(root / "log"),
-                "origin": "test.owngate/dropped",
-                "signing_key_file": str(root / "log.key"),
-                "checkpoint_interval_ms": 20,
-            },
-        )
-        app = create_app(config, environ={"MOCK_ANTHROPIC_KEY": ANTHROPIC_KEY})
-        with ServerThread(app) as gateway:
-            yield Stack(gateway.url, anthropic, root / "log")
+    with anthropic_stack(tmp_path_factory.mktemp("dropped"), "test.owngate/dropped") as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def failed_over(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`stack`'s gateway with a private backend first, down (nothing listens on its port)."""
+    down = backend("gpu", f"http://127.0.0.1:{free_port()}/v1", "m")
     root = tmp_path_factory.mktemp("failed_over")
-    (root / "policies").mkdir()
-    (root / "policies" / "zero.yaml").write_text(POLICY)
-    write_signing_key(root / "log.key", "test.owngate/failed-over")
-    anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
-    with ServerThread(anthropic) as claude_server:
-        down = backend("gpu", f"http://127.0.0.1:{free_port()}/v1", "m")
-        claude = anthropic_backend("claude", claude_server.url)
-        config = gateway_config(
-            [down, claude],
-            policy={"paths": [str(root / "policies")]},
-            provenance={
-                "dir": str(root / "log"),
-                "origin": "test.owngate/failed-over",
-                "signing_key_file": str(root / "log.key"),
-                "checkpoint_interval_ms": 20,
-            },
-        )
-        app = create_app(config, environ={"MOCK_ANTHROPIC_KEY": ANTHROPIC_KEY})
-        with ServerThread(app) as gateway:
-            yield Stack(gateway.url, anthropic, root / "log")
+    with anthropic_stack(root, "test.owngate/failed-over", (down,)) as served:
+        yield served
 
 
 def chat(stack: Stack, **fields: Any) -> httpx.Response:
-    stack.anthropic.reset()
-    return httpx.post(
-        f"{stack.url}/v1/chat/completions",
-        json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
-              **fields},
-        headers={"authorization": f"Bearer {TENANT_KEY}"},
-        timeout=120,  # the first hosted request imports LiteLLM
-    )  # fmt: skip
+    return ask(stack, messages=[{"role": "user", "content": "hi"}], **fields)
 
 
 @pytest.mark.parametrize(

@@ -15,84 +15,27 @@ carries no cache marker.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.provenance import write_signing_key
-from gateway.serving import ServerThread
 from gateway.upstream.litellm_runtime import load_litellm
-from tests.helpers.anthropic_mock import AnthropicMock
+from tests.helpers.anthropic_stack import Stack, anthropic_stack, chat
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
-    TENANT_KEY,
-    anthropic_backend,
-    gateway_config,
 )
 from tests.helpers.provenance import request_records
 
 pytestmark = LITELLM_WARNINGS
 
-ANTHROPIC_KEY = "sk-ant-retention-0123456789"
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: zero, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: [eu]}
-  retention: {max_days: zero}
-  fallback:
-    mode: when_private_unavailable
-    to: [{backend: claude}]
-"""
 HOUR = {"type": "ephemeral", "ttl": "1h"}
 DOCUMENT = {"type": "text", "text": "a long contract to keep for an hour"}
 
 
-@dataclass
-class Stack:
-    url: str
-    anthropic: AnthropicMock
-    log: Path
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("retention")
-    (root / "policies").mkdir()
-    (root / "policies" / "zero.yaml").write_text(POLICY)
-    write_signing_key(root / "log.key", "test.owngate/retention")
-    anthropic = AnthropicMock(api_key=ANTHROPIC_KEY)
-    with ServerThread(anthropic) as claude_server:
-        claude = anthropic_backend("claude", claude_server.url)
-        config = gateway_config(
-            [claude],
-            policy={"paths": [str(root / "policies")]},
-            provenance={
-                "dir": str(root / "log"),
-                "origin": "test.owngate/retention",
-                "signing_key_file": str(root / "log.key"),
-                "checkpoint_interval_ms": 20,
-            },
-        )
-        app = create_app(config, environ={"MOCK_ANTHROPIC_KEY": ANTHROPIC_KEY})
-        with ServerThread(app) as gateway:
-            yield Stack(gateway.url, anthropic, root / "log")
-
-
-def chat(stack: Stack, **fields: Any) -> httpx.Response:
-    stack.anthropic.reset()
-    return httpx.post(
-        f"{stack.url}/v1/chat/completions",
-        json={"model": "m", "max_tokens": 8, **fields},
-        headers={"authorization": f"Bearer {TENANT_KEY}"},
-        timeout=120,  # the first hosted request imports LiteLLM
-    )
+    with anthropic_stack(tmp_path_factory.mktemp("retention"), "test.owngate/retention") as served:
+        yield served
 
 
 def user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
