@@ -31,6 +31,7 @@ from gateway.policy import BackendFacts, PolicyError, PolicyIssue, PolicySet, pa
 from gateway.policy.loader import load_policies
 from gateway.policy.source import is_yaml_name
 from gateway.settling import Settling
+from gateway.upstream.litellm_runtime import preload_litellm
 
 __all__ = [
     "BUILTIN_POLICY_ID",
@@ -156,10 +157,17 @@ class TrustPolicies:
 
     async def reload_off_loop(self) -> bool:
         """`reload`, the files read and compiled on a worker thread (a large policy set
-        takes seconds: the event loop, and every stream on it, would stall for them)."""
+        takes seconds: the event loop, and every stream on it, would stall for them), and
+        LiteLLM loaded before a set that may fall back to a hosted backend is installed
+        (the watcher's reloads and a config reload's: `PolicySet.falls_back`)."""
         self._reads += 1
         read = self._reads
-        return self._apply(read, await asyncio.to_thread(self._compiled))
+        outcome = await asyncio.to_thread(self._compiled)
+        if isinstance(outcome, PolicySet) and outcome.falls_back():
+            # Before it is installed: its first hosted call would import LiteLLM beside
+            # traffic, the GIL that import holds stalling every request (litellm_runtime.py)
+            await preload_litellm()  # at once where loaded; a failure is a warning
+        return self._apply(read, outcome)
 
     def _compiled(self) -> PolicySet | PolicyError:
         """The files compiled, or why not: also when they changed while they were read (a

@@ -1,9 +1,10 @@
 """Load LiteLLM before its first use, offline and silent; close the HTTP clients it caches.
 
 Nothing here runs at import. `preload_litellm()` imports LiteLLM at startup, before the
-gateway is ready, and at a config reload, before the new config is installed, when the
-policy set may send a request to a hosted backend (`PolicySet.falls_back`); else the first
-hosted call imports it (`aload_litellm()`). A gateway whose policies never fall back
+gateway is ready, at a config reload, before the new config is installed, and at a
+reload of the policy files (gateway/policy_set.py), before the new set is installed,
+when the policy set may send a request to a hosted backend (`PolicySet.falls_back`);
+else the first hosted call imports it (`aload_litellm()`). A gateway whose policies never fall back
 never imports it (a test checks that). The import takes seconds of CPU, so it runs in a
 worker thread; but beside traffic that thread starved the event loop of the GIL: with
 private requests every 10 ms, a fresh gateway's first hosted call held them for up to
