@@ -12,6 +12,8 @@ from gateway.policy import Decision
 
 __all__ = ["attempt_error", "attempt_status", "stopped"]
 
+_RETRY_SOON = ((b"retry-after", b"1"),)
+
 
 def attempt_status(exc: TryNext) -> int:
     """The status a failed attempt answers the client with if it is the last one."""
@@ -33,8 +35,13 @@ def stopped(
 def attempt_error(last: TryNext, model: str, request_id: str) -> GatewayError:
     """What the client gets when every attempt failed: the last attempt's error (what the
     backend said, translated), or 503 backend_unavailable in the words of `not_served`
-    (which backends failed, and how, is the operator's: never a tenant's). Its status is
-    `attempt_status(last)`, which the last completion record holds."""
+    (which backends failed, and how, is the operator's: never a tenant's), with
+    `retry-after: 1` where that attempt was `busy` (the tenant's share of the backend
+    held, or its pool full: room comes back as a request ends, as in a saturated pool's
+    queue). Its status is `attempt_status(last)`, which the last completion record holds."""
     if last.error is not None:
         return last.error
-    return GatewayError(ErrorCode.backend_unavailable, not_served(model, request_id))
+    headers = _RETRY_SOON if last.busy else ()
+    return GatewayError(
+        ErrorCode.backend_unavailable, not_served(model, request_id), headers=headers
+    )

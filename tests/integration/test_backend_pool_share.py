@@ -48,6 +48,14 @@ async def _open_unread_streams(acme: httpx.AsyncClient, held: list[httpx.Respons
         held.append(await acme.send(request, stream=True))  # never read
 
 
+async def _busy_answer(refused: httpx.Response) -> None:
+    """A request refused `busy` is told when to retry: room comes back as a request ends
+    (before, the 503 said nothing of when)."""
+    await refused.aread()
+    assert refused.json()["error"]["code"] == "backend_unavailable", refused.text
+    assert refused.headers.get("retry-after") == "1", refused.headers
+
+
 async def _other_asks(url: str) -> httpx.Response:
     """One ordinary request of the other tenant's."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as other:
@@ -63,7 +71,7 @@ def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_bac
     decoding them. With two tenants, `acme` may hold half the pool
     (`limits.tenant_share_of_backend`, default 0.5): its first stream is served, its
     second is `busy` for this backend at once (503 here, with no other backend or
-    fallback), and `other`'s request finds a connection and is served."""
+    fallback, and `retry-after: 1`), and `other`'s request finds a connection and is served."""
     released = threading.Event()
     raw = start_raw(paced(released))
     gateway = start_gateway(
@@ -82,6 +90,7 @@ def test_one_tenants_unread_streams_leave_another_tenant_a_connection_to_the_bac
                 await _open_unread_streams(acme, held)
                 await until_async(lambda: streams() == 1, "acme's stream at the backend")
                 assert [response.status_code for response in held] == [200, 503]
+                await _busy_answer(held[1])
                 return await _other_asks(gateway.url)
             finally:
                 released.set()

@@ -89,8 +89,8 @@ def test_one_tenants_unread_hosted_streams_leave_another_tenant_an_answer(
     """`acme` opens POOL hosted streams and reads none. Without a share both held
     LiteLLM's connections and `other`'s call waited for one until the first-byte timeout
     (504). With two tenants `acme` may hold half (`tenant_share_of_backend`, 0.5): its
-    second stream is `busy` at once (503, nothing else may serve it) and `other` is
-    served."""
+    second stream is `busy` at once (503 with `retry-after: 1`, nothing else may serve
+    it) and `other` is served."""
     released = threading.Event()
     raw = start_raw(paced(released))
     gateway = _hosted_gateway(start_gateway, raw, tmp_path)
@@ -102,6 +102,10 @@ def test_one_tenants_unread_hosted_streams_leave_another_tenant_an_answer(
                 for _ in range(POOL):  # never read
                     asked = _request(acme, TENANT_KEY, stream=True, max_tokens=3000)
                     held.append(await acme.send(asked, stream=True))
+                refused = held[-1]  # busy: told when to retry (before, the 503 said nothing)
+                await refused.aread()
+                assert refused.json()["error"]["code"] == "backend_unavailable", refused.text
+                assert refused.headers.get("retry-after") == "1", refused.headers
                 async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
                     theirs = await other.send(_request(other, OTHER_KEY))
                 return [response.status_code for response in held], theirs
