@@ -34,8 +34,10 @@ from gateway.canonical import MAX_SAFE_INTEGER, canonical_json_of_plain
 from gateway.logs import get_logger
 from gateway.provenance import LogEntry, ProvenanceLog, Signer
 from gateway.provenance.audit.reader import LogDirectory
+from gateway.provenance.errors import MalformedError
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.attestation import ATTESTATION_PAYLOAD_TYPE
+from gateway.provenance.formats.layout import read_log_file
 from gateway.provenance.formats.receipts import pae
 from gateway.provenance.formats.records import parse_record
 from gateway.provenance.formats.tiles import TILE_WIDTH
@@ -51,6 +53,7 @@ __all__ = [
 
 COUNTER_FILE = "attest-counter"  # in the log's directory
 COUNTER_BLOCK = 1 << 16  # counters reserved per fsync; a crash skips at most this many
+_MAX_COUNTER_FILE = 64  # what `CounterFile.write` writes: at most 16 digits and a newline
 
 _PAE_PREFIX = pae(ATTESTATION_PAYLOAD_TYPE, b"")[: -len(b"0 ")]  # b"DSSEv1 N type "
 # The statement's canonical JSON (RFC 8785: keys in code-unit order, no blanks) with its
@@ -119,9 +122,11 @@ class CounterFile:
         """The reserved bound (0 when the file does not exist); ValueError when it is not
         a number, which must stop the sidecar rather than restart the count."""
         try:
-            text = self.path.read_bytes().strip()
+            text = read_log_file(self.path, _MAX_COUNTER_FILE).strip()
         except FileNotFoundError:
             return 0
+        except MalformedError as exc:  # a FIFO, a device or larger: not waited on, not read
+            raise ValueError(f"{self.path} does not hold a counter ({exc})") from exc
         # A statement's counter is at most 2**53 (JCS numbers): `_PAYLOAD`'s %d would
         # write a larger one as is, which no gateway accepts (and a JCS verifier reads as
         # another number), so a bound past it stops the sidecar.

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import fcntl
 import json
 import os
@@ -27,9 +28,12 @@ from types import MappingProxyType, TracebackType
 from gateway.provenance.errors import MalformedError, ProvenanceError
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.cosignature import MAX_TIMESTAMP
+from gateway.provenance.formats.layout import NOT_A_FILE
 from gateway.provenance.formats.merkle import HASH_SIZE
+from gateway.small_files import read_small_file
 
 __all__ = [
+    "MAX_STATE_FILE",
     "STATE_VERSION",
     "StateExistsError",
     "StateLockedError",
@@ -39,6 +43,10 @@ __all__ = [
 ]
 
 STATE_VERSION = 1
+#: The largest state file read or written: a FIFO, a device or a larger file is refused
+#: (MalformedError) rather than waited on or read whole. An entry is a few hundred bytes
+#: per log trusted (`serve --workers` logs included) and per key that signed it.
+MAX_STATE_FILE = 64 << 20
 
 
 class StateLockedError(ProvenanceError):
@@ -119,7 +127,7 @@ def _create(path: Path) -> dict[str, TreeHead]:
 
 def _load(path: Path) -> dict[str, TreeHead]:
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_small_file(path, MAX_STATE_FILE))
     except FileNotFoundError as exc:
         raise StateMissingError(
             f"witness state {path} does not exist: a witness that lost its state would "
@@ -129,6 +137,13 @@ def _load(path: Path) -> dict[str, TreeHead]:
         ) from exc
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MalformedError(f"{path} is not a witness state file (invalid JSON)") from exc
+    except OSError as exc:  # a FIFO, a device or larger: not waited on, not read whole
+        if exc.errno not in (errno.EINVAL, errno.EFBIG, *NOT_A_FILE):
+            raise
+        raise MalformedError(
+            f"{path} is not a witness state file ({exc.strerror}: it is a regular file "
+            f"of at most {MAX_STATE_FILE} bytes)"
+        ) from exc
     if not isinstance(data, dict) or set(data) != {"v", "logs"}:
         raise MalformedError(f"{path} is not a witness state file (needs 'v' and 'logs')")
     if type(data["v"]) is not int or data["v"] != STATE_VERSION:  # `true == 1` in Python
@@ -200,7 +215,10 @@ class WitnessState:
         if self._lock_fd is None:
             raise ValueError("the witness state is closed")
         changed = {**self._heads, origin: head}
-        write_files_atomically([(self.path, _encode(changed))], root=self.path.parent)
+        encoded = _encode(changed)
+        if len(encoded) > MAX_STATE_FILE:  # a state it could not load again: refused now
+            raise OSError(errno.EFBIG, f"larger than {MAX_STATE_FILE} bytes", str(self.path))
+        write_files_atomically([(self.path, encoded)], root=self.path.parent)
         self._heads = changed
 
     def close(self) -> None:

@@ -31,7 +31,12 @@ from typing import Any, Protocol
 from gateway.provenance.errors import MalformedError, ProvenanceError
 from gateway.provenance.files import write_files_atomically
 from gateway.provenance.formats.cosignature import parse_cosignature_line
-from gateway.provenance.formats.layout import COSIGNED, cosigned_path, list_cosigned
+from gateway.provenance.formats.layout import (
+    COSIGNED,
+    cosigned_path,
+    list_cosigned,
+    read_log_file,
+)
 from gateway.provenance.witness.client import FAILURE_REASONS, WitnessClient, failure_reason
 from gateway.provenance.writer.log import ProvenanceLog
 from gateway.provenance.writer.store import SignedNote
@@ -225,7 +230,9 @@ class Cosigning:
 def _write_merged(directory: Path, path: Path, note: bytes, cosigned: bytes) -> None:
     stored = None
     with contextlib.suppress(FileNotFoundError):
-        stored = path.read_bytes()
+        # A note's bound, as the admin API serves it; a FIFO or a device there is a
+        # MalformedError (the store fails and is retried), never a wait or a whole read.
+        stored = read_log_file(path)
     write_files_atomically([(path, merge_cosigned(note, stored, cosigned))], root=directory)
 
 

@@ -12,9 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from gateway.provenance.errors import LogCorruptedError, ProvenanceError
+from gateway.provenance.errors import LogCorruptedError, MalformedError, ProvenanceError
 from gateway.provenance.formats.checkpoint import Checkpoint
-from gateway.provenance.formats.layout import CHECKPOINT, HISTORY, WAL, list_cosigned
+from gateway.provenance.formats.layout import (
+    CHECKPOINT,
+    HISTORY,
+    WAL,
+    list_cosigned,
+    read_log_file,
+)
 from gateway.provenance.formats.note import Verifier, open_note
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.formats.wal import list_segments, scan_segment
@@ -50,16 +56,37 @@ def note_text(data: bytes, path: Path) -> str:
     return text[: split + 1]
 
 
+def read_note(path: Path) -> bytes:
+    """The writer's own checkpoint file at `path`, read as the admin API serves it (a
+    regular file of at most `MAX_NOTE_FILE` bytes): FileNotFoundError when it is absent,
+    LogCorruptedError, as for a damaged file, when it is a FIFO, a device or larger (never
+    a wait for a FIFO's writer, nor a device read whole), OSError otherwise."""
+    try:
+        return read_log_file(path)
+    except MalformedError as exc:
+        raise LogCorruptedError(str(exc)) from exc
+
+
+def holds_note(path: Path, note: bytes) -> bool:
+    """Whether the file at `path` holds `note`: False when it is absent or not one of
+    the writer's files (a FIFO, a device, larger than a note), which is then replaced."""
+    try:
+        return read_note(path) == note
+    except (FileNotFoundError, LogCorruptedError):
+        return False
+
+
 def check_no_later_tree(directory: Path, signed: int, *, has_history: bool) -> None:
     """Refuse to go on from size `signed` (the newest history file) when the directory shows
     that the log signed more: a checkpoint file or a cosigned checkpoint of a larger size,
     or, with no history at all, a checkpoint file or tiles. Appending would then sign a
     tree that does not extend the one published. A crash never leaves this (history is
     written before the checkpoint file and the cosignatures); lost files do."""
-    served: int | None = None
     path = directory / CHECKPOINT
-    if path.exists():
-        served = Checkpoint.parse(note_text(path.read_bytes(), path)).size
+    try:
+        served: int | None = Checkpoint.parse(note_text(read_note(path), path)).size
+    except FileNotFoundError:
+        served = None
     if not has_history and (served is not None or (directory / "tile").exists()):
         raise LogCorruptedError(
             f"{directory} holds a checkpoint file or tiles but no {HISTORY}/: the signed "

@@ -49,7 +49,9 @@ from gateway.provenance.writer.high_water import HighWater
 from gateway.provenance.writer.recovery import (
     check_no_later_tree,
     check_signed,
+    holds_note,
     note_text,
+    read_note,
     replay_segments,
 )
 from gateway.provenance.writer.segment_writer import SegmentWriter
@@ -182,7 +184,7 @@ class LogStore:
         signed, rewritten = 0, list[str]()
         if history:
             size, path = history[-1]
-            checkpoint = Checkpoint.parse(note_text(note := path.read_bytes(), path))
+            checkpoint = Checkpoint.parse(note_text(note := read_note(path), path))
             if checkpoint.origin != self.origin:
                 raise LogCorruptedError(
                     f"{self.directory} holds the log {checkpoint.origin!r}, not {self.origin!r}"
@@ -194,7 +196,7 @@ class LogStore:
         check_no_later_tree(self.directory, signed, has_history=bool(history))
         if history:
             self._tree, rewritten = rebuild_tree(self.directory, checkpoint)
-            self._latest = SignedNote(checkpoint, path.read_bytes())
+            self._latest = SignedNote(checkpoint, note)
         if self._high_water is not None:
             newest = self._latest.checkpoint if self._latest is not None else None
             self._recorded = self._high_water.check(self.directory, self.origin, newest)
@@ -211,7 +213,7 @@ class LogStore:
             return
         path = self.directory / CHECKPOINT
         try:
-            if path.is_file() and path.read_bytes() == latest.note:
+            if holds_note(path, latest.note):
                 return
             write_files_atomically([(path, latest.note)], root=self.directory)
         except OSError as exc:
