@@ -69,7 +69,7 @@ def _cut_stream(
     return sidecar_vkey, answer
 
 
-def _checkpointed(log_dir: Path, size: int, deadline_s: float = 10.0) -> None:
+def _checkpointed(log_dir: Path, size: int, deadline_s: float = 30.0) -> None:
     """Wait (bounded) until the log's checkpoint covers `size` entries."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
