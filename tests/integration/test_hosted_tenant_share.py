@@ -95,28 +95,36 @@ def test_one_tenants_unread_hosted_streams_leave_another_tenant_an_answer(
     raw = start_raw(paced(released))
     gateway = _hosted_gateway(start_gateway, raw, tmp_path)
 
-    async def run() -> tuple[list[int], httpx.Response]:
-        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
-            held: list[httpx.Response] = []
-            try:
-                for _ in range(POOL):  # never read
-                    asked = _request(acme, TENANT_KEY, stream=True, max_tokens=3000)
-                    held.append(await acme.send(asked, stream=True))
-                refused = held[-1]  # busy: told when to retry (before, the 503 said nothing)
-                await refused.aread()
-                assert refused.json()["error"]["code"] == "backend_unavailable", refused.text
-                assert refused.headers.get("retry-after") == "1", refused.headers
-                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
-                    theirs = await other.send(_request(other, OTHER_KEY))
-                return [response.status_code for response in held], theirs
-            finally:
-                released.set()
-                for response in held:
-                    await response.aclose()
-
-    statuses, theirs = asyncio.run(run())
+    statuses, refused, theirs = asyncio.run(_held_then_other(gateway, released))
+    # busy: told when to retry (before, the 503 said nothing)
+    assert refused.json()["error"]["code"] == "backend_unavailable", refused.text
+    assert refused.headers.get("retry-after") == "1", refused.headers
     assert theirs.status_code == 200, theirs.text
     assert statuses == [200, 503]
+
+
+async def _held_then_other(
+    gateway: Gateway, released: threading.Event
+) -> tuple[list[int], httpx.Response, httpx.Response]:
+    """`acme` opens POOL streams and reads none (the last one's answer read whole when it
+    is a refusal), then `other` asks once; the streams' statuses, the last
+    stream and `other`'s answer. `released` is set at the end, whatever happened."""
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
+        held: list[httpx.Response] = []
+        try:
+            for _ in range(POOL):  # never read
+                asked = _request(acme, TENANT_KEY, stream=True, max_tokens=3000)
+                held.append(await acme.send(asked, stream=True))
+            refused = held[-1]
+            if refused.status_code != 200:  # a stream held open would be read to its end
+                await refused.aread()
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
+                theirs = await other.send(_request(other, OTHER_KEY))
+            return [response.status_code for response in held], refused, theirs
+        finally:
+            released.set()
+            for response in held:
+                await response.aclose()
 
 
 def _provider(release: threading.Event) -> Answer:
@@ -247,22 +255,7 @@ def test_the_share_is_of_the_calls_litellm_makes_at_once(
         limits={"max_connections_per_backend": 4 * POOL, "first_byte_timeout_s": 3.0},
     )
 
-    async def run() -> tuple[list[int], httpx.Response]:
-        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as acme:
-            held: list[httpx.Response] = []
-            try:
-                for _ in range(POOL):  # never read
-                    asked = _request(acme, TENANT_KEY, stream=True, max_tokens=3000)
-                    held.append(await acme.send(asked, stream=True))
-                async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as other:
-                    theirs = await other.send(_request(other, OTHER_KEY))
-                return [response.status_code for response in held], theirs
-            finally:
-                released.set()
-                for response in held:
-                    await response.aclose()
-
-    statuses, theirs = asyncio.run(run())
+    statuses, _, theirs = asyncio.run(_held_then_other(gateway, released))
     assert theirs.status_code == 200, theirs.text
     assert statuses == [200, 503]
 
