@@ -3,9 +3,11 @@
 vLLM, llama.cpp and SGLang download the media a request names by URL themselves: vLLM
 an `image_url`, `audio_url` or `video_url` part (a part without `type` too, read by its
 keys), llama.cpp an `image_url`, and an `input_audio` or `input_video` whose `data` is a
-URL, SGLang an `image_url`, `audio_url` or `video_url`. The fetch comes from the GPU host,
-inside the network, and vLLM makes the bytes model input the client reads back: a client
-could have it read `http://169.254.169.254/latest/meta-data/`, `http://127.0.0.1:6379/` or
+URL, SGLang an `image_url`, `audio_url` or `video_url`, and the `image` and `video` of
+an embeddings `input` object (`[{"text": ..., "image": ...}]`, its multimodal
+embeddings). The fetch comes from the GPU host, inside the network, and vLLM makes the
+bytes model input the client reads back: a client could have it read
+`http://169.254.169.254/latest/meta-data/`, `http://127.0.0.1:6379/` or
 `http://10.0.0.5/admin`. vLLM opens `file:` URLs under `--allowed-local-media-path`,
 llama.cpp `file://` ones under `--media-path`, SGLang a bare path ending in an image
 extension (and any existing file as a video).
@@ -13,9 +15,11 @@ extension (and any existing file as a video).
 `MediaRefs.of` finds every string that may be such a reference: in each chat message's
 content parts (every key but the part's `type` and `text`, to any depth; `content`,
 `type` and `text` in any case too, as a server in Go reads names), in a message's
-`images`, and in llama.cpp's prompt objects (`multimodal_data` of a completion's
-`prompt`, an embedding's `input` or `content`). `refusal` then judges them for one
-backend's `media_urls:` (gateway/config/media.py), before its dispatch record:
+`images`, in llama.cpp's prompt objects (`multimodal_data` of a completion's
+`prompt`, an embedding's `input` or `content`), and in SGLang's embedding `input`
+objects (every key but `text`; a URL stands at `image` and `video`). `refusal` then
+judges them for one backend's `media_urls:` (gateway/config/media.py), before its
+dispatch record:
 
 - a string that starts with a scheme (`xxx:`) must be `data:` or an http(s) URL
   (`file:`, `gopher:`, `ftp:`, ... refused);
@@ -58,9 +62,14 @@ MAX_REMOTE: Final = 256
 _MAX_DEPTH: Final = 6
 _SKIPPED: Final = frozenset({"type", "text"})  # a part's kind and its prose
 _URL_KEYS: Final = frozenset({"url", "image_url", "video_url", "audio_url"})
-_PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
-_PROMPT_TEXT: Final = "prompt_string"
-_NEEDLES: Final = (b"multimodal_data", b"\\u")
+# The holders of llama.cpp's prompt objects and of SGLang's embedding input objects
+_PROMPT_KEYS: Final = ("prompt", "input", "content")
+_PROMPT_TEXT: Final = frozenset({"prompt_string", "text"})  # their prose (llama.cpp, SGLang)
+# Where SGLang's embedding input object holds a media item: its loader reads a URL, a
+# path on its own disk or base64 there, as at a chat part's `image_url`.
+_PROMPT_MEDIA: Final = frozenset({"image", "video"})
+# A body that holds prompt objects with media names one of these (or spells it escaped).
+_NEEDLES: Final = (b"multimodal_data", b'"image"', b'"video"', b"\\u")
 _PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
 _CONTENT: Final = b'"content"'
 # An escaped ASCII letter (`\u0063`): no encoder writes one, a name spelled to hide may.
@@ -95,9 +104,7 @@ class MediaRefs:
                 break
         else:
             for name in _PROMPT_KEYS:  # a chat body has none: no search of its bytes
-                if isinstance(doc.get(name), (dict, list)) and (
-                    body.find(_NEEDLES[0]) >= 0 or body.find(_NEEDLES[1]) >= 0
-                ):
+                if isinstance(doc.get(name), (dict, list)) and _names_prompt_media(body):
                     break
             else:
                 # A plain message may hide an earlier `content` (parts) behind its string:
@@ -182,8 +189,8 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                         yield from _part(f"messages[{i}].{key}[{j}]", part)
             elif folded == "images":
                 yield from _strings(f"messages[{i}].{key}", value, True, 0)
-    # llama.cpp's prompt objects: only in a body that names them (or may, escaped).
-    if body.find(_NEEDLES[0]) < 0 and body.find(_NEEDLES[1]) < 0:
+    # Prompt and input objects: only in a body that names their media (or may, escaped).
+    if not _names_prompt_media(body):
         return
     for name in _PROMPT_KEYS:
         value = doc.get(name)
@@ -192,8 +199,14 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
             if isinstance(item, dict):
                 where = f"{name}[{k}]" if isinstance(value, list) else name
                 for key, inner in item.items():
-                    if key != _PROMPT_TEXT:
-                        yield from _strings(f"{where}.{key}", inner, False, 1)
+                    if key not in _PROMPT_TEXT:
+                        url_place = key in _PROMPT_MEDIA
+                        yield from _strings(f"{where}.{key}", inner, url_place, 1)
+
+
+def _names_prompt_media(body: bytes) -> bool:
+    """Whether `body` may hold a media item in a prompt or input object (`_NEEDLES`)."""
+    return any(body.find(needle) >= 0 for needle in _NEEDLES)  # find: memchr, not `in`
 
 
 def _part(where: str, part: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:

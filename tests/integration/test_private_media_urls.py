@@ -164,6 +164,23 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         },
         "prompt.multimodal_data",
     ),
+    # SGLang's `/v1/embeddings` reads `input` objects (`{"text", "image", "video"}`) and
+    # loads each `image` / `video` as its chat image parts: a URL, a path, base64.
+    "SGLang embedding image": (
+        "/v1/embeddings",
+        {"model": "m", "input": [{"text": "a cat"}, {"image": "http://169.254.169.254/"}]},
+        "input[1].image",
+    ),
+    "SGLang embedding image path": (
+        "/v1/embeddings",
+        {"model": "m", "input": [{"text": "a cat", "image": "/srv/uploads/other-tenant.png"}]},
+        "input[0].image",
+    ),
+    "SGLang embedding video": (
+        "/v1/embeddings",
+        {"model": "m", "input": [{"video": "http://10.0.0.5/admin"}]},
+        "input[0].video",
+    ),
 }
 
 
@@ -249,6 +266,32 @@ def test_public_and_data_urls_reach_the_backend_byte_for_byte(
     body = orjson.dumps(doc)
     response = httpx.post(
         f"{gateway.url}/v1/chat/completions",
+        content=body,
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    assert [p.body for p in raw.posts] == [body]
+
+
+def test_sglang_embedding_inputs_are_held_to_the_backend_s_media_urls(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """An SGLang embeddings `input` object's `image` is a media reference like a chat
+    part's (before, no `input` object was read unless the body named llama.cpp's
+    `multimodal_data`); its `text` is prose, as a text part's is."""
+    gateway, raw = start(start_raw, start_gateway, tmp_path, remote="none")
+    fetched = {"model": "m", "input": [{"text": "a cat", "image": PUBLIC}]}
+    response = post(gateway, "/v1/embeddings", fetched)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "input[0].image"
+    assert raw.posts == []
+    inline = {"model": "m", "input": [{"text": "see http://127.0.0.1/ in prose", "image": DATA}]}
+    body = orjson.dumps(inline)
+    response = httpx.post(
+        f"{gateway.url}/v1/embeddings",
         content=body,
         headers={**gateway.headers, "content-type": "application/json"},
         timeout=30,
