@@ -189,8 +189,10 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                         yield from _part(f"messages[{i}].{key}[{j}]", part)
             elif folded == "images":
                 yield from _strings(f"messages[{i}].{key}", value, True, 0)
-    # Prompt and input objects: only in a body that names their media (or may, escaped).
-    if not _names_prompt_media(body):
+    # Prompt and input objects: only in a body that holds some (a chat body has none) and
+    # names their media (or may, escaped).
+    held = any(isinstance(doc.get(name), (dict, list)) for name in _PROMPT_KEYS)
+    if not held or not _names_prompt_media(body):
         return
     for name in _PROMPT_KEYS:
         value = doc.get(name)
