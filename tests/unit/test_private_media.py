@@ -156,6 +156,10 @@ def test_urls_fetchers_read_differently_are_bad(url: str) -> None:
             {"model": "m", "content": {"prompt_string": "x", "multimodal_data": ["file:///x"]}},
             "content.multimodal_data",
         ),
+        # SGLang's embedding input objects: `image` and `video` are loaded as a chat image
+        ({"model": "m", "input": [{"text": "x", "image": "http://10.0.0.1/"}]}, "input[0].image"),
+        ({"model": "m", "input": [{"text": "x"}, {"video": "/srv/v.mp4"}]}, "input[1].video"),
+        ({"model": "m", "input": [{"image": "iVBORw0KGgo="}]}, "input[0].image"),  # a path?
     ],
 )
 def test_references_inside_the_network_are_refused(doc: dict[str, Any], param: str) -> None:
@@ -174,6 +178,8 @@ def test_references_inside_the_network_are_refused(doc: dict[str, Any], param: s
         chat({"type": "image_url", "image_url": {"url": "https://8.8.8.8/a.png", "detail": "low"}}),
         {"model": "m", "prompt": {"prompt_string": "x", "multimodal_data": ["iVBORw0KGgo="]}},
         {"model": "m", "prompt": [1, 2, 3]},
+        {"model": "m", "input": [{"text": "see http://10.0.0.1/", "image": "data:image/png;,A"}]},
+        {"model": "m", "input": ["image", "video"]},
     ],
 )
 def test_text_data_and_public_urls_pass(doc: dict[str, Any]) -> None:
@@ -309,3 +315,10 @@ def test_a_message_of_two_keys_besides_a_plain_one_is_walked(message: dict[str, 
     # `images` beside a role were never walked, though the walk refuses them.
     refused = refusal({"model": "m", "messages": [message]})
     assert refused is not None and str(refused.param).startswith("messages[0].")
+
+
+def test_an_input_object_s_media_key_spelled_with_escapes_is_read() -> None:
+    body = b'{"model":"m","input":[{"im\\u0061ge":"http://127.0.0.1/"}]}'
+    refs = MediaRefs.of(orjson.loads(body), body)
+    refused = None if refs is None else refs.refusal(PUBLIC)
+    assert refused is not None and refused.param == "input[0].image"
