@@ -104,7 +104,11 @@ class MediaRefs:
                 break
         else:
             for name in _PROMPT_KEYS:  # a chat body has none: no search of its bytes
-                if isinstance(doc.get(name), (dict, list)) and _names_prompt_media(body):
+                value = doc.get(name)  # an object, or an array holding one (`_holds_objects`)
+                if (
+                    isinstance(value, dict)
+                    or (isinstance(value, list) and dict in map(type, value))
+                ) and _names_prompt_media(body):
                     break
             else:
                 # A plain message may hide an earlier `content` (parts) behind its string:
@@ -189,9 +193,9 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                         yield from _part(f"messages[{i}].{key}[{j}]", part)
             elif folded == "images":
                 yield from _strings(f"messages[{i}].{key}", value, True, 0)
-    # Prompt and input objects: only in a body that holds some (a chat body has none) and
-    # names their media (or may, escaped).
-    held = any(isinstance(doc.get(name), (dict, list)) for name in _PROMPT_KEYS)
+    # Prompt and input objects: only in a body that holds some (a chat body or a batch of
+    # strings has none) and names their media (or may, escaped).
+    held = any(_holds_objects(doc.get(name)) for name in _PROMPT_KEYS)
     if not held or not _names_prompt_media(body):
         return
     for name in _PROMPT_KEYS:
@@ -204,6 +208,12 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                     if key not in _PROMPT_TEXT:
                         url_place = key in _PROMPT_MEDIA
                         yield from _strings(f"{where}.{key}", inner, url_place, 1)
+
+
+def _holds_objects(value: Any) -> bool:
+    """Whether a prompt holder's `value` is an object or an array holding one: what the
+    walk reads (a batch of strings or token ids is looked at in C, its bytes not searched)."""
+    return isinstance(value, dict) or (isinstance(value, list) and dict in map(type, value))
 
 
 def _names_prompt_media(body: bytes) -> bool:
