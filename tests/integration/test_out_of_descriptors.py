@@ -6,10 +6,10 @@ on a connection accepted before finds no descriptor for its backend connection. 
 to be the backend's `connect` failure: its circuit breaker opened after 3 such requests
 (healthy backends taken out, requests refused or sent to a fallback for the cooldown), and
 the client read "gpu: connect". Now it is `exhausted`, the gateway's own state: 503 in
-OpenAI's format saying so (with `retry-after: 1`, as a busy backend's), counted as `owngate_upstream_errors_total{kind="exhausted"}`,
-no breaker verdict (`gateway/upstream/http.py`, `gateway/routing/attempt.py`); and a
-health probe that finds no descriptor is no verdict on the backend
-(`gateway/routing/scraper.py`).
+OpenAI's format saying so (with `retry-after: 1`, as a busy backend's), counted as
+`owngate_upstream_errors_total{kind="exhausted"}`, no breaker verdict
+(`gateway/upstream/http.py`, `gateway/routing/attempt.py`); and a health probe that finds
+no descriptor is no verdict on the backend (`gateway/routing/scraper.py`).
 """
 
 from __future__ import annotations
