@@ -28,6 +28,7 @@ from gateway.admin import tiles
 from gateway.admin.work import LOG_READS, LOG_READS_PER_CALLER
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
+from gateway.provenance.formats.layout import read_log_file
 from tests.helpers.gateways import backend
 from tests.helpers.waiting import until_async
 
@@ -96,7 +97,7 @@ def test_a_token_holding_its_share_of_log_reads_is_429_while_another_is_served(
     nothing holds) is 429 at once; token `b` is served meanwhile, then holds as many as
     `a`, and token `c` is 429 (the bound in all). None of it runs in anyio's threads.
     Before: `a`'s next read was served (200), in a thread of anyio's 40."""
-    reads = HeldReads(tiles.read_log_file, tmp_path / "log")
+    reads = HeldReads(read_log_file, tmp_path / "log")
     monkeypatch.setattr(tiles, "read_log_file", reads)
     limiter = anyio.to_thread.current_default_thread_limiter
 
