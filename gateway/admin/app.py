@@ -59,7 +59,7 @@ from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
 from gateway.admin.timeline import Timeline
 from gateway.admin.timelines import router as timelines_router
-from gateway.admin.work import AdminWork, in_thread
+from gateway.admin.work import LOG_READS, LOG_READS_PER_CALLER, AdminWork, in_thread
 from gateway.api.admin import status_report
 from gateway.config.schema import GatewaySettings
 from gateway.errors import ErrorCode, GatewayError
@@ -86,6 +86,8 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     # each in a worker thread, which takes the GIL from the loop serving tenants.
     app.state.parse_lock = asyncio.Lock()
     app.state.work = AdminWork()  # the heavy work's own threads, bounded (work.py)
+    # The log's tiles and checkpoint (tiles.py): threads of their own, bounded the same way.
+    app.state.log_reads = AdminWork(LOG_READS, LOG_READS_PER_CALLER, "tile or checkpoint reads")
     settings = control.runtime.config.admin
     app.state.timeline = Timeline(
         control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s
@@ -104,6 +106,7 @@ async def _sampling(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         app.state.work.shutdown()
+        app.state.log_reads.shutdown()
 
 
 def openapi_schema() -> dict[str, Any]:

@@ -17,6 +17,13 @@ planted in the log directory (by whoever may write there) would serve the file i
 (the signing key) to any auditor token. A FIFO, a device, a link or an oversized file is
 503 `provenance_unavailable` naming it, at once; before, `read_bytes()` on a FIFO held a
 thread waiting for a writer for good, and `/dev/zero` was read until memory ran out.
+
+Each read runs in the admin API's log-read threads (`app.state.log_reads`, an `AdminWork`
+of `LOG_READS`, gateway/admin/work.py): at most 8 files read at once, 4 of them one admin
+token's; past either, 429 `rate_limit_exceeded` with `retry-after: 1`, at once. These
+were sync routes, run in anyio's default 40 threads without a bound: one auditor token
+could hold every one of them (up to 40 bundles of 16 MiB read at once) and leave other
+auditors, and whatever else of the gateway runs in anyio's threads, waiting.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.work import AdminWork
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.errors import MalformedError
@@ -90,6 +98,14 @@ def log_problem(error: Exception, directory: Path) -> str:
     return str(error).replace(str(directory), "log")
 
 
+async def _read(request: Request, caller: Caller, name: str, what: str, limit: int) -> bytes:
+    """The log file `name` (`_file`), read in one of the admin's log-read threads for
+    `caller`; 429 when the caller or the admin already reads as many as it may."""
+    directory = log_dir(request)
+    reads: AdminWork = request.app.state.log_reads
+    return await reads.run(caller.token, _file, directory, name, what, limit)
+
+
 def _file(directory: Path, name: str, what: str, limit: int) -> bytes:
     try:
         return read_log_file(directory / name, limit, follow=False)
@@ -105,8 +121,8 @@ def _file(directory: Path, name: str, what: str, limit: int) -> bytes:
     responses={200: {"content": {"text/plain; charset=utf-8": {}}}},
     summary="The latest signed checkpoint (a signed note)",
 )
-def checkpoint(request: Request, caller: _Auditor) -> Response:
-    data = _file(log_dir(request), CHECKPOINT, "checkpoint yet", MAX_NOTE_FILE)
+async def checkpoint(request: Request, caller: _Auditor) -> Response:
+    data = await _read(request, caller, CHECKPOINT, "checkpoint yet", MAX_NOTE_FILE)
     return Response(
         data, media_type="text/plain; charset=utf-8", headers={"Cache-Control": _CHANGING}
     )
@@ -118,11 +134,11 @@ def checkpoint(request: Request, caller: _Auditor) -> Response:
     responses={200: {"content": {_OCTETS: {}}}, 404: {"description": "no such tile"}},
     summary="A Merkle tile or an entry bundle (tlog-tiles)",
 )
-def tile(path: str, request: Request, caller: _Auditor) -> Response:
+async def tile(path: str, request: Request, caller: _Auditor) -> Response:
     parsed = parse_tile_path(f"tile/{path}")
     if parsed is None:
         raise GatewayError(ErrorCode.not_found, "not a tlog-tiles tile path")
     name, full = parsed
-    data = _file(log_dir(request), name, f"tile {name}", file_limit(name))
+    data = await _read(request, caller, name, f"tile {name}", file_limit(name))
     cache = _IMMUTABLE if full else _CHANGING
     return Response(data, media_type=_OCTETS, headers={"Cache-Control": cache})

@@ -18,6 +18,14 @@ and no more of it is admitted than there are threads: past `THREADS` calls in fl
 is done with it, not until its request ends: a client that leaves while its call runs
 does not free the thread for another. Key changes (gateway/admin/key_changes.py) stay on
 the default executor: quick file work that an auditor's load must never refuse.
+
+The log's files served as tlog-tiles (`/log/checkpoint`, `/log/tile/...`,
+gateway/admin/tiles.py) are read in an `AdminWork` of their own (`LOG_READS` threads,
+`LOG_READS_PER_CALLER` of them one token's), refused past either bound the same way. They
+were sync routes, run in anyio's default 40 threads: one auditor token held them all
+(40 entry bundles of up to 16 MiB each read at once) while other auditors and the
+gateway's own anyio-thread users waited. A pool of their own keeps a tile cheap (an
+auditor's client fetches thousands, several at once) and never behind a verify or a report.
 """
 
 from __future__ import annotations
@@ -34,29 +42,38 @@ from fastapi import Request
 from gateway.admin.auth import Caller
 from gateway.in_flight import InFlight
 
-__all__ = ["PER_CALLER", "THREADS", "AdminWork", "in_thread"]
+__all__ = ["LOG_READS", "LOG_READS_PER_CALLER", "PER_CALLER", "THREADS", "AdminWork", "in_thread"]
 
 THREADS: Final = 4  # the admin's worker threads, and its calls in flight at most
 PER_CALLER: Final = 2  # of them, one admin token's
+# The log's tile and checkpoint reads: at most 8 files (8 x 16 MiB bundles) read at once.
+LOG_READS: Final = 8
+LOG_READS_PER_CALLER: Final = 4  # of them, one admin token's
 _T = TypeVar("_T")
 
 
 class AdminWork:
     """The admin's worker threads (made on first use) and the calls in flight on them,
-    in all and per caller (`run`: one more, or 429)."""
+    in all and per caller (`run`: one more, or 429 whose message names the calls as
+    `what`)."""
 
-    def __init__(self, threads: int = THREADS, per_caller: int = PER_CALLER) -> None:
+    def __init__(
+        self,
+        threads: int = THREADS,
+        per_caller: int = PER_CALLER,
+        what: str = "log reads or checks",
+    ) -> None:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self._in_flight = InFlight(
             threads,
             per_caller,
             lambda mine: (
-                f"this admin token already runs {mine} log reads or checks at once, "
+                f"this admin token already runs {mine} {what} at once, "
                 "as many as one token may; retry when one is answered"
             ),
             lambda total: (
-                f"the admin API already runs {total} log reads or checks at once, "
+                f"the admin API already runs {total} {what} at once, "
                 "as many as it runs; retry shortly"
             ),
         )

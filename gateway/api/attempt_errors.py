@@ -1,7 +1,8 @@
 """What the client gets when no attempt served its request after one was dispatched
 (gateway/api/proxy.py): the last failed attempt's error, whose status that attempt's
 completion record holds (`attempt_status`), or, when its key lapsed before another
-attempt was made, that error too (`stopped`)."""
+attempt was made, that error too (`stopped`); and the error of an attempt the gateway
+could open no socket for (`out_of_descriptors`, private and hosted alike)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,21 @@ from gateway.api.refusal import lapsed, not_served
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy import Decision
 
-__all__ = ["attempt_error", "attempt_status", "stopped"]
+__all__ = ["attempt_error", "attempt_status", "out_of_descriptors", "stopped"]
 
 _RETRY_SOON = ((b"retry-after", b"1"),)
+
+
+def out_of_descriptors() -> GatewayError:
+    """What the client sees when the gateway's last attempt found no file descriptor (or
+    socket memory) to reach its backend: 503 saying so, never blaming the backend, with
+    `retry-after: 1` as for a busy backend (descriptors come back as connections end).
+    Before, it said "retry later" with no `retry-after`, unlike the busy refusal."""
+    return GatewayError(
+        ErrorCode.backend_unavailable,
+        "the gateway is out of file descriptors and could not reach the backend; retry later",
+        headers=_RETRY_SOON,
+    )
 
 
 def attempt_status(exc: TryNext) -> int:

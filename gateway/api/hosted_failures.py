@@ -5,6 +5,7 @@ adapter could translate (`untranslated`), and what it tells the provider's break
 
 from __future__ import annotations
 
+from gateway.api.attempt_errors import out_of_descriptors
 from gateway.api.exchange import TryNext
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.attempt import Attempt
@@ -18,10 +19,13 @@ __all__ = ["judge", "last_error", "untranslated"]
 def last_error(exc: HostedError) -> GatewayError | None:
     """What the client sees if this failed call was the last attempt: 504 for a timeout,
     as for a private backend (`last_error`, gateway/api/private_failures.py), 502 for a
-    whole answer without the provider's finish reason; None: 503 naming every failure
-    (gateway/api/proxy.py)."""
+    whole answer without the provider's finish reason, 503 with `retry-after: 1` saying
+    the gateway is out of descriptors (`exhausted`, as for a private backend); None: 503
+    naming every failure (gateway/api/proxy.py)."""
     if isinstance(exc, Unfinished):  # as a private backend's answer of the wrong shape
         return GatewayError(ErrorCode.upstream_error, exc.public)
+    if exc.kind == "exhausted":  # the gateway's state: say so, never blame the provider
+        return out_of_descriptors()
     if exc.kind != "timeout":
         return None
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")

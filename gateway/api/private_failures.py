@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway.api.attempt_errors import out_of_descriptors
 from gateway.errors import ErrorCode, GatewayError
 from gateway.upstream.http import UpstreamError
 
@@ -29,7 +30,7 @@ NO_ROOM: Final = frozenset({"busy", "exhausted"})
 def last_error(exc: UpstreamError) -> GatewayError | None:
     """What the client sees if this failed attempt was the last one: 504 for a timeout,
     502 for an answer in a coding the gateway did not accept, 503 saying the gateway is
-    out of descriptors (`exhausted`); None: 503 naming every
+    out of descriptors (`exhausted`, with `retry-after: 1`); None: 503 naming every
     failure (gateway/api/proxy.py)."""
     if exc.kind == "shape":
         return GatewayError(
@@ -43,10 +44,7 @@ def last_error(exc: UpstreamError) -> GatewayError | None:
             "(it asks for identity and relays nothing else)",
         )
     if exc.kind == "exhausted":  # the gateway's state: say so, never blame the backend
-        return GatewayError(
-            ErrorCode.backend_unavailable,
-            "the gateway is out of file descriptors and could not reach the backend; retry later",
-        )
+        return out_of_descriptors()
     if exc.kind != "timeout":
         return None
     return GatewayError(ErrorCode.upstream_timeout, "the backend did not answer in time")

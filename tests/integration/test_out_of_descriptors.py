@@ -6,10 +6,10 @@ on a connection accepted before finds no descriptor for its backend connection. 
 to be the backend's `connect` failure: its circuit breaker opened after 3 such requests
 (healthy backends taken out, requests refused or sent to a fallback for the cooldown), and
 the client read "gpu: connect". Now it is `exhausted`, the gateway's own state: 503 in
-OpenAI's format saying so, counted as `owngate_upstream_errors_total{kind="exhausted"}`,
-no breaker verdict (`gateway/upstream/http.py`, `gateway/routing/attempt.py`); and a
-health probe that finds no descriptor is no verdict on the backend
-(`gateway/routing/scraper.py`).
+OpenAI's format saying so (with `retry-after: 1`, as a busy backend's), counted as
+`owngate_upstream_errors_total{kind="exhausted"}`, no breaker verdict
+(`gateway/upstream/http.py`, `gateway/routing/attempt.py`); and a health probe that finds
+no descriptor is no verdict on the backend (`gateway/routing/scraper.py`).
 """
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ def test_a_gateway_out_of_descriptors_does_not_charge_its_backend(
         assert len(said) == 1 and '"requests":1' in said[0].replace(" ", ""), (
             said
         )  # a line a minute
-        for status, _, body in refused:
+        for status, headers, body in refused:
             assert status == 503, body
+            assert headers.get("retry-after") == "1", headers  # as a busy backend's refusal
             error = httpx.Response(status, content=body).json()["error"]
             assert error["code"] == "backend_unavailable", error
             assert "out of file descriptors" in error["message"], error
