@@ -21,7 +21,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.app import GatewayApp, create_app
+from gateway.api import GatewayApp
+from gateway.app import create_app
 from gateway.cli.main import main
 from gateway.config import load_config
 from gateway.serving import ServerThread
@@ -186,3 +187,31 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
             await here.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reload_moving_the_list_says_it_needs_a_restart(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """`state.revocations_file` changed in a reload: the running processes keep the list
+    they read at start (the state is built once), and the reload says so: logged with the
+    field, and listed in the config status (`needs_restart`, in `/admin/v1/config` and the
+    readiness detail) until the file no longer changes it. Before, it logged "needs
+    restart" for `state` as a whole, and nothing showed it afterwards."""
+    from structlog.testing import capture_logs
+
+    config = _config(start_sim("vllm", models=("m",), zero_latency=True))
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    reloader = app.reloader
+    assert reloader is not None
+    path.write_text(yaml.safe_dump({**config, "state": {"revocations_file": "moved"}}))
+    with capture_logs() as logs:
+        asyncio.run(reloader.reload())
+    said = [(e.get("setting"), e.get("fields")) for e in logs if "needs restart" in e["event"]]
+    assert said == [("state", ["revocations_file"])], said
+    assert reloader.status()["needs_restart"] == ["state.revocations_file"]
+    assert app.config.state.revocations_file == "revoked-keys"  # the running value, kept
+    path.write_text(yaml.safe_dump(config))
+    asyncio.run(reloader.reload())
+    assert reloader.status()["needs_restart"] == []
