@@ -100,6 +100,7 @@ class RevokedKeys:
         if not DIGEST.match(key_hash):
             raise ValueError("revoke_key needs a key digest (sha256: and 64 hex digits)")
         self._revoked.add(key_hash)
+        self._held.discard(key_hash)  # refused here now: no longer waits for the list
         if not healthy:
             self._pending.add(key_hash)
             return False

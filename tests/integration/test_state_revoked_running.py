@@ -30,7 +30,7 @@ from gateway.state.redis_state import RedisState
 from gateway.state.revocation_keeper import KeptRevocations
 from gateway.state.revocation_list import read_revocations, render_revocations
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import Sim, backend
+from tests.helpers.gateways import ADMIN, Sim, backend, readiness
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess, listening_sockets
 from tests.helpers.redis_server import RedisServer, replica
@@ -215,3 +215,48 @@ def test_a_reload_moving_the_list_says_it_needs_a_restart(
     path.write_text(yaml.safe_dump(config))
     asyncio.run(reloader.reload())
     assert reloader.status()["needs_restart"] == []
+
+
+@pytest.mark.redis
+def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_it(
+    start_sim: Callable[..., Sim], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """`kill -9` right after the gateway first refused a key revoked on another host
+    through Redis, then a restart while Redis is down: the key is still refused. Its
+    list write is held up (the lock file a FIFO) until the gateway has learned the
+    revocation (the readiness detail's `unlisted_revocations`); before, it refused the
+    key at once with the write still waiting, and the restart served the key (200)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    redis = {"backend": "redis", "url": redis_server.url, "key_prefix": "test"}
+    state = {**redis, "timeout_ms": 200, "sync_interval_s": 0.05, "lease_ttl_s": 1}
+    config = {**_config(sim), "admin": ADMIN, "state": state}
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "gateway.yaml").write_text(yaml.safe_dump(config))
+    here = tmp_path / "here"
+    here.mkdir()
+    lock = here / ".revoked-keys.lock"
+    os.mkfifo(lock)
+    gateway = GatewayProcess(config, here).start()
+    release: int | None = None
+    try:
+        assert _statuses(gateway.url, DOOMED) == [200]
+        assert main(["keys", "revoke", DOOMED, "--config", str(other / "gateway.yaml")]) == 0
+        until(
+            lambda: readiness(gateway.url)["state"]["unlisted_revocations"] == 1,
+            "the gateway learned the revocation; its list write is held up",
+            detail=gateway.output,
+        )
+        if _statuses(gateway.url, DOOMED) == [200]:  # not refused before it is listed
+            release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)  # the write goes on
+            until(lambda: _statuses(gateway.url, DOOMED) == [401], "refused once listed")
+        gateway.stop(signal.SIGKILL)  # at once: it refused the key
+        redis_server.stop()
+        lock.unlink()  # the restarted gateway's own writes take a plain lock file
+        gateway.start()  # Redis down: it starts degraded, from this host's list
+        assert _statuses(gateway.url, DOOMED) == [401]  # before: 200, off the list
+        assert _statuses(gateway.url, KEPT) == [200]
+    finally:
+        if release is not None:
+            os.close(release)
+        gateway.stop(signal.SIGKILL)
