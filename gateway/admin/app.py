@@ -216,6 +216,7 @@ async def config(control: Control, caller: Reader) -> ConfigStatus:
         loaded_at=reloads.get("loaded_at"),
         last_reload_error=reloads.get("last_reload_error"),
         reload_failures=reloads.get("reload_failures", 0),
+        needs_restart=reloads.get("needs_restart", []),
     )
 
 

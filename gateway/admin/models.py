@@ -163,6 +163,11 @@ class ConfigStatus(_Model):
     loaded_at: float | None
     last_reload_error: str | None
     reload_failures: int
+    needs_restart: list[str] = Field(
+        default_factory=list,
+        description="settings the config file read last changes that only a restart "
+        "applies (their running values are kept): state.revocations_file, listen, ...",
+    )
 
 
 MAX_CANDIDATE_BYTES = 256 * 1024  # a gateway.yaml; parsing one costs CPU in proportion

@@ -51,6 +51,7 @@ class Operations:
         log_ok = recorder is None or not recorder.opened or recorder.log.last_error is None
         stale = runtime.parts.policies.stale  # a worker that could not read the policies
         stale |= runtime.reloader is not None and runtime.reloader.stale  # or its config
+        stale |= runtime.parts.state.revocations_unknown is not None  # or its revoked keys
         return runtime.ready and not runtime.draining and log_ok and not stale
 
     def readiness(self) -> dict[str, Any]:

@@ -26,7 +26,9 @@ the new TLS settings at once, also those of its pools from older configs
 request that was running). Unchanged backends keep their
 connection pools, in-flight counts and health. Settings only a restart can change
 (`listen`, `provenance`, `state`, `logging`, and `admin.listen`, `admin.sample_interval_s`,
-`admin.history_s`) keep their running values, and the log says "needs restart".
+`admin.history_s`) keep their running values, the log says "needs restart", and
+`status()` lists them (`needs_restart`: `state.revocations_file`, say) until a file
+that no longer changes them is read.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.api.reload_parts import Adjusted, adjustable, put_back, replaced_backends, retire
-from gateway.api.reload_pins import ADMIN_RESTART_ONLY, RESTART_ONLY, changes, pin_restart_only
+from gateway.api.reload_pins import (
+    ADMIN_RESTART_ONLY,
+    RESTART_ONLY,
+    changes,
+    pin_restart_only,
+    restart_pending,
+)
 from gateway.config.env_refs import unquoted
 from gateway.config.issues import ConfigError
 from gateway.config.loader import load_config_file
@@ -105,6 +113,7 @@ class ConfigReloader:
         self._queued = False  # a triggered reload waits for the lock
         self.reload_failures = 0
         self.last_error: str | None = None
+        self.needs_restart: list[str] = []  # what the file read last changes, kept running
         self._text = ""  # the config file's text the last reload read (`_failed`)
         self.loaded_at = clock()
         # No file's stamp: the running config was read before this watcher existed (by
@@ -242,6 +251,7 @@ class ConfigReloader:
                 self._read_again()
             return self._failed(f"{len(exc.issues)} problem(s); first: {exc.issues[0]}", exc)
         self._unreadable = 0
+        self.needs_restart = restart_pending(running.config, fresh)
         fresh = pin_restart_only(running.config, fresh, self._log)
         # The same file, but a backend's CA or client certificate replaced on disk (a CA
         # withdrawn, a key rotated): its backend is rebuilt like a changed one.
@@ -369,6 +379,7 @@ class ConfigReloader:
             "loaded_at": self.loaded_at,
             "last_reload_error": self.last_error,
             "reload_failures": self.reload_failures,
+            "needs_restart": self.needs_restart,
         }
 
 

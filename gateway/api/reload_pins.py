@@ -3,8 +3,10 @@
 `listen`, `provenance`, `state` and `logging` are built once, at start; so are the admin
 listener (bound by gateway/cli/serve.py) and its sampler (`admin.sample_interval_s`,
 `admin.history_s`). A reload that changes one keeps its running value and logs "needs
-restart": before, a reload that moved `admin.listen` (`127.0.0.1` for `0.0.0.0`, or null
-to close it) installed the new value without a word while the listener stayed where it
+restart", naming the fields of a section that changed (`state`'s `revocations_file`,
+say), which `restart_pending` lists for the reloader's status (`needs_restart`). Before,
+a reload that moved `admin.listen` (`127.0.0.1` for `0.0.0.0`, or null to close it)
+installed the new value without a word while the listener stayed where it
 was bound. The admin tokens and `allow_loopback` are read per request: they do reload,
 but the listener is bound only if some were configured at start: a reload that adds the
 first logs "needs restart" too, and its running `admin.listen` is null (nothing listens).
@@ -16,7 +18,7 @@ from typing import Any
 
 from gateway.config.schema import GatewaySettings
 
-__all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "changes", "pin_restart_only"]
+__all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "changes", "pin_restart_only", "restart_pending"]
 
 RESTART_ONLY = ("listen", "provenance", "state", "logging")
 ADMIN_RESTART_ONLY = ("listen", "sample_interval_s", "history_s")
@@ -31,7 +33,8 @@ def pin_restart_only(running: GatewaySettings, fresh: GatewaySettings, log: Any)
     for name in RESTART_ONLY:
         if getattr(fresh, name) != getattr(running, name):
             kept[name] = getattr(running, name)
-            log.warning(_NEEDS_RESTART, setting=name)
+            fields = _changed_fields(getattr(running, name), getattr(fresh, name))
+            log.warning(_NEEDS_RESTART, setting=name, fields=fields)
     admin: dict[str, Any] = {}
     for name in ADMIN_RESTART_ONLY:
         if getattr(fresh.admin, name) != getattr(running.admin, name):
@@ -47,6 +50,31 @@ def pin_restart_only(running: GatewaySettings, fresh: GatewaySettings, log: Any)
     if admin:
         kept["admin"] = fresh.admin.model_copy(update=admin)
     return fresh.model_copy(update=kept) if kept else fresh
+
+
+def restart_pending(running: GatewaySettings, fresh: GatewaySettings) -> list[str]:
+    """The settings `fresh` (a reloaded file, before `pin_restart_only`) changes that only
+    a restart applies: `state.revocations_file`, `listen`, `admin.listen`, ..."""
+    pending: list[str] = []
+    for name in RESTART_ONLY:
+        old, new = getattr(running, name), getattr(fresh, name)
+        if old != new:
+            fields = _changed_fields(old, new)
+            pending += [f"{name}.{field}" for field in fields] if fields else [name]
+    pending += [
+        f"admin.{name}"
+        for name in ADMIN_RESTART_ONLY
+        if getattr(fresh.admin, name) != getattr(running.admin, name)
+    ]
+    return pending
+
+
+def _changed_fields(old: Any, new: Any) -> list[str]:
+    """The fields of a settings section (a pydantic model) that differ; none otherwise
+    (a section added or removed: `provenance: null`)."""
+    if old is None or new is None or type(old) is not type(new):
+        return []
+    return [name for name in type(old).model_fields if getattr(old, name) != getattr(new, name)]
 
 
 def _admin_opened(config: GatewaySettings) -> bool:

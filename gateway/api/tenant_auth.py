@@ -1,7 +1,8 @@
 """A tenant's authentication on the public listener: the API key a request carries
 (`Authorization: Bearer KEY`), looked up by its digest in the key index of the config
 active now (`gateway.tenants`) and refused when revoked; looked up again once a body is
-in; and every tenant request refused (503) by a worker whose config may be stale."""
+in; and every tenant request refused (503) by a worker whose config may be stale, or
+while this host's revoked keys list cannot be read (it may revoke any key)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ STALE_CONFIG = (
     "the config it holds may be older than the other workers'; retry (a new connection "
     "may reach another)"
 )
+# While this host's revoked keys list cannot be read (`SharedState.revocations_unknown`)
+UNKNOWN_REVOCATIONS = (
+    "this gateway cannot read its host's list of revoked API keys, so it cannot tell "
+    "whether a key was revoked; requests are refused until the operator restores the list"
+)
 
 
 class TenantAuth:
@@ -41,12 +47,16 @@ class TenantAuth:
         its changed config files (`ConfigReloader.stale`): its keys may be older than its
         siblings' (a revoked key still valid here); or its changed policy files
         (`TrustPolicies.stale`), before the tenant's limits are charged for a request it
-        will not serve and before `/v1/models` lists what an older set allowed."""
+        will not serve and before `/v1/models` lists what an older set allowed. And in
+        any process while this host's revoked keys list cannot be read
+        (`SharedState.revocations_unknown`): any key may be one it revokes."""
         reloader = self._runtime.reloader
         if reloader is not None and reloader.stale:
             raise GatewayError(ErrorCode.not_ready, STALE_CONFIG, headers=_RETRY_SOON)
         if self._runtime.parts.policies.stale:
             raise GatewayError(ErrorCode.not_ready, STALE_POLICIES, headers=_RETRY_SOON)
+        if self._runtime.parts.state.revocations_unknown is not None:  # fail closed, said
+            raise GatewayError(ErrorCode.not_ready, UNKNOWN_REVOCATIONS, headers=_RETRY_SOON)
 
     def tenant_of(self, digest: str) -> TenantEntry:
         """The tenant of the key whose digest is `digest`, as the config and revocations

@@ -79,9 +79,10 @@ def register(subparsers: Any) -> None:
         "every running replica that reaches Redis refuses the key within one sync "
         "interval (a degraded one once it reaches Redis again); the digest is "
         "also removed from the keys_file (atomically), so restarted gateways do not accept "
-        "it either. Without Redis only the keys_file changes: running gateways refuse the "
-        "key once they reload the keys_file (its poll sees the change, or SIGHUP) or at a "
-        "restart. Exit codes: 0 revoked, 1 failed "
+        "it either. Running gateways on this host read the list again within about a "
+        "second and refuse the key, Redis up or down; without Redis, those on other hosts "
+        "refuse it once they reload the keys_file (its poll sees the change, or SIGHUP) or "
+        "at a restart. Exit codes: 0 revoked, 1 failed "
         "(unknown key, Redis unreachable, the list not written, invalid config), 2 usage.",
     )
     revoke.add_argument("key", metavar="KEY_OR_HASH", help="the API key or its sha256: digest")
@@ -169,8 +170,8 @@ def _revoke(args: argparse.Namespace) -> int:
         print(f"note: no tenant in {args.config} has this key", file=sys.stderr)
     if not saved:
         print(
-            "running gateways accept the key until they reload their config (SIGHUP, or "
-            "their poll of the keys file) or restart",
+            f"running gateways{' on other hosts' if listed else ''} accept the key until "
+            "they reload their config (SIGHUP, or their poll of the keys file) or restart",
             file=sys.stderr,
         )
     if (shared and not saved) or not listed:
@@ -188,8 +189,8 @@ def _list_revocation(path: Path, key_hash: str) -> bool:
         print(f"error: {path} was not changed: {why}", file=sys.stderr)
         return False
     print(
-        f"listed {key_hash} in {path}: gateways started on this host refuse it from their "
-        "start, Redis up or down",
+        f"listed {key_hash} in {path}: gateways on this host refuse it, running ones within "
+        "about a second (they read the list again), Redis up or down",
         file=sys.stderr,
     )
     return True

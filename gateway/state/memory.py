@@ -5,7 +5,9 @@ part of every tenant limit (`TenantLimits.part`: the limit split exactly over th
 workers, so together they never admit more than the limit). In-flight counts are this
 process's own; revocations last until the process exits, and with this host's revoked
 keys list (`kept`, revocation_keeper.py) are written there and enforced by every process
-started on the host later (the keys file stays the source of who may call).
+started on the host later, and by those running (each watches the list: `owngate keys
+revoke` reaches them so, whatever lists the key). The keys file stays the source of who
+may call.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ class MemoryState:
         self._inflight: dict[str, int] = {}
         self._kept = kept  # this host's revoked keys list, read already: enforced from start
         self._revoked: set[str] = set(kept.known) if kept is not None else set()
+        if kept is not None:
+            kept.listed = self._revoked.update  # what the list gained since, or holds now
 
     @property
     def healthy(self) -> bool:
@@ -147,7 +151,8 @@ class MemoryState:
         return None
 
     async def start(self) -> None:
-        return None
+        if self._kept is not None:
+            self._kept.watch()
 
     async def close(self) -> None:
         if self._kept is not None:
@@ -211,6 +216,11 @@ class MemoryState:
         return key_hash in self._revoked
 
     @property
+    def revocations_unknown(self) -> str | None:
+        """Why this host's revoked keys list could not be read while running, or None."""
+        return self._kept.damaged if self._kept is not None else None
+
+    @property
     def revocations(self) -> int:
         return len(self._revoked)  # only ever added to
 
@@ -230,5 +240,6 @@ class MemoryState:
             errors=0,
             pending_revocations=0,
             unlisted_revocations=self._kept.unwritten if self._kept is not None else 0,
+            revocations_list_error=self.revocations_unknown,
             limit_parts=self._parts,
         )

@@ -44,14 +44,22 @@ class RevokedKeys:
     """Revoked key digests: cached here, stored in Redis, pushed back when it lacks some."""
 
     def __init__(
-        self, keys: RedisKeys, client: Redis, timeout_s: float, known: Iterable[str] = ()
+        self,
+        keys: RedisKeys,
+        client: Redis,
+        timeout_s: float,
+        known: Iterable[str] = (),
+        *,
+        hold: bool = False,
     ) -> None:
         self._keys = keys
         self._client = client
         self._script = client.register_script(lua.REVOKE)
         self._read = client.register_script(READ)
         self._timeout_s = timeout_s
+        self._hold = hold
         self._revoked: set[str] = set(known)  # this host's list (revocation_list.py)
+        self._held: set[str] = set()  # learned from Redis, enforced once listed (`hold`)
         self._pending: set[str] = set()  # revoked here, not yet stored in Redis
         self._version = 0
         self._foreign = 0  # members of the set as last read that are no digest (not ours)
@@ -69,6 +77,22 @@ class RevokedKeys:
         """How many digests are cached here (only ever added to: `SharedState.revocations`)."""
         return len(self._revoked)
 
+    @property
+    def held(self) -> int:
+        """Revocations learned from Redis and not enforced yet: this host's list does
+        not hold them yet (its write is under way)."""
+        return len(self._held)
+
+    def listed(self, digests: Iterable[str]) -> None:
+        """Refuse `digests` from now on: this host's list holds them (or a write of them
+        failed and said so). Those held are enforced; those new here (another process
+        wrote them: `owngate keys revoke` while Redis was away) are stored in Redis by
+        the next sync that reaches it."""
+        fresh = set(digests) - self._revoked
+        self._pending |= fresh - self._held  # a held one came from Redis
+        self._held -= fresh
+        self._revoked |= fresh
+
     async def revoke(self, key_hash: str, *, healthy: bool) -> bool:
         """Refuse the key here at once; True when Redis stored it too. With Redis away
         (`healthy` false) it waits for the next sync that reaches Redis, as it does when
@@ -76,6 +100,7 @@ class RevokedKeys:
         if not DIGEST.match(key_hash):
             raise ValueError("revoke_key needs a key digest (sha256: and 64 hex digits)")
         self._revoked.add(key_hash)
+        self._held.discard(key_hash)  # refused here now: no longer waits for the list
         if not healthy:
             self._pending.add(key_hash)
             return False
@@ -94,19 +119,20 @@ class RevokedKeys:
         or `reread` (a resync: now and then whatever the counts say, as another program
         may have swapped a digest for a foreign member); push back the ones it lacks.
         `stored` is the set's size, foreign members (as the last read counted) included.
-        Returns the digests learned (not cached here before)."""
+        Returns the digests learned (not cached here before), `held` with `hold`."""
         keys = self._keys
         learned: set[str] = set()
-        if reread or version != self._version or stored - self._foreign > len(self._revoked):
+        cached = len(self._revoked) + len(self._held)
+        if reread or version != self._version or stored - self._foreign > cached:
             size, members = _read_reply(await self._read(keys=[keys.revoked]))
-            learned = set(members) - self._revoked
-            self._revoked.update(learned)
+            learned = set(members) - self._revoked - self._held
+            (self._held if self._hold else self._revoked).update(learned)
             self._version = version
             self._foreign = size - len(members)
             stored = size
         # Ours that Redis lacks: made while it was away, or lost with its data.
         push = set(self._pending)
-        if stored - self._foreign < len(self._revoked):
+        if stored - self._foreign < len(self._revoked) + len(self._held):
             push |= self._revoked
         if push:
             await self._script(keys=[keys.revoked, keys.revoked_version], args=sorted(push))

@@ -110,9 +110,14 @@ class RedisState:
         self._peer_listeners: list[PeersListener] = []
         # This host's revoked keys list (`kept`, read already): enforced from the start,
         # Redis up or down, and given each revocation made or learned here.
+        # What a sync learns is enforced once the list holds it (redis_revocations.py).
         self._kept = kept
         known = kept.known if kept is not None else ()
-        self._revocations = RevokedKeys(self._keys, self._sync_client, self._sync_timeout_s, known)
+        self._revocations = RevokedKeys(
+            self._keys, self._sync_client, self._sync_timeout_s, known, hold=kept is not None
+        )
+        if kept is not None:
+            kept.listed = self._revocations.listed
         self._beats = 0
         self._resync_every = max(1, round(lease_ttl_s / sync_interval_s))
         self._task: asyncio.Task[None] | None = None
@@ -132,6 +137,7 @@ class RedisState:
         await self._sync()
         if self._kept is not None:
             await self._kept.flush()  # what the first sync learned
+            self._kept.watch()  # what other processes here write to the list
         self._task = asyncio.create_task(self._run(), name=f"owngate-state-{self.replica_id}")
         self._task.add_done_callback(self._sync_stopped)
 
@@ -210,6 +216,7 @@ class RedisState:
             errors=self._health.errors,
             pending_revocations=self._revocations.pending,
             unlisted_revocations=self._kept.unwritten if self._kept is not None else 0,
+            revocations_list_error=self.revocations_unknown,
             restores=self._restore_run.restores,
         )
 
@@ -263,6 +270,12 @@ class RedisState:
             self._kept.note([key_hash])
             await self._kept.flush()
         return shared
+
+    @property
+    def revocations_unknown(self) -> str | None:
+        """Why this host's revoked keys list could not be read while running (None: it
+        was): what it holds may be unknown here (gateway/api/tenant_auth.py refuses)."""
+        return self._kept.damaged if self._kept is not None else None
 
     def is_revoked(self, key_hash: str) -> bool:
         """From the local cache: never a Redis call, and a revocation once seen stays."""

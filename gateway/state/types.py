@@ -256,6 +256,8 @@ class StateStatus:
     # revocations made or learned here that this host's revoked keys list does not hold
     # (its write failed: full, unwritable): a process started here without Redis misses them
     unlisted_revocations: int = 0
+    # why this host's list could not be read while running (tenant requests refused)
+    revocations_list_error: str | None = None
     restores: int = 0  # times this replica put its budget use back (its lease was gone)
     # processes each enforcing every tenant limit in full on their own ledger (a tenant
     # may get up to this many times its limits): always 1 (workers split them: below)
@@ -275,6 +277,7 @@ class StateStatus:
             "errors": self.errors,
             "pending_revocations": self.pending_revocations,
             "unlisted_revocations": self.unlisted_revocations,
+            "revocations_list_error": self.revocations_list_error,
             "restores": self.restores,
             "limit_copies": self.limit_copies,
             "limit_parts": self.limit_parts,
@@ -321,6 +324,13 @@ class SharedState(Protocol):
         ...
 
     def is_revoked(self, key_hash: str) -> bool: ...
+
+    @property
+    def revocations_unknown(self) -> str | None:
+        """Why this host's revoked keys list, read again as it changes, could not be
+        read while running (damaged, unreadable): the revocations it holds may be unknown
+        here, so tenant requests are refused (503) until it is read. None: it was."""
+        ...
 
     @property
     def revocations(self) -> int:
