@@ -104,6 +104,10 @@ class CleanExitServer(uvicorn.Server):
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
         # A worker of `serve --workers` starts with them blocked (`gateway.workers`): one
         # sent while it started is pending, and taken now by the handler, not the default.
+        # Only this thread's mask changes: a thread started before now keeps them blocked,
+        # and so does a process started before now or by such a thread (across exec;
+        # `subprocess`'s `restore_signals` resets dispositions, not the mask), which would
+        # ignore a stop. None is (tests/integration/test_workers_stop_signals_unblocked.py).
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
         try:
             yield

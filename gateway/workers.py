@@ -311,8 +311,8 @@ def _prepare_worker() -> None:
     app handles it (a signal's default action ends the process: a reload the supervisor
     forwards while a worker starts would kill it). The app's first look at the config
     file after start reloads it, so no reload asked for meanwhile is lost. And block
-    SIGTERM and SIGINT until its server handles them (`CleanExitServer`): a stop while it
-    starts drains it once it serves (before, it died -15: the stop exited 1)."""
+    SIGTERM and SIGINT until its server handles them (`CleanExitServer`: nothing may start
+    before then): a stop while it starts drains it once it serves (before, it died -15)."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # kept across exec, unlike a handler
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the mask is kept too
     with contextlib.suppress(OSError, AttributeError):

@@ -32,11 +32,21 @@ that accepted any certificate, whatever `litellm.ssl_verify` said.
 `install_verified_clients` makes LiteLLM's `get_ssl_configuration` read `False` as unset:
 the forced `ssl_verify` (on), certifi's bundle or `SSL_CERT_FILE`.
 
-A prompt LiteLLM sends through botocore is not made to follow these rules: such a route
-(`BOTO3_ROUTES`: SageMaker embeddings, `invoke_endpoint`) is refused unsent, 400
-`invalid_request` with `param: model` (gateway/upstream/hosted.py `prepare`). botocore
-took its proxy and CA from the environment (`HTTPS_PROXY`, `AWS_CA_BUNDLE`, the profile's
-`ca_bundle`), retried the request up to three times, and read the answer whole.
+botocore fetches a Bedrock call's AWS credentials itself (STS, SSO, the container or
+instance metadata endpoint) when the backend has no key. It took its proxy from the
+environment (`HTTP_PROXY`, `HTTPS_PROXY`: the proxy got the instance metadata request and
+answered the role's credentials) and trusted `AWS_CA_BUNDLE`, a profile's `ca_bundle` and
+`REQUESTS_CA_BUNDLE` (that CA's holder answered for STS), none of which owngate's config
+names. `install_botocore_rules` makes botocore, within a watched hosted call, send an https
+request through the backend's `proxy` or straight, a plain http one (the host's own
+metadata endpoints, whose answer is the credentials themselves) straight, verify against
+certifi's bundle or `SSL_CERT_FILE` (even where it was told not to verify), and read an
+answer to `limits.max_response_bytes` at most.
+
+A prompt LiteLLM sends through botocore is still refused unsent: such a route
+(`BOTO3_ROUTES`: SageMaker embeddings, `invoke_endpoint`) is 400 `invalid_request` with
+`param: model` (gateway/upstream/hosted.py `prepare`): botocore retried the request (the
+prompt) up to three times, outside the gateway's attempts.
 """
 
 from __future__ import annotations
@@ -53,7 +63,7 @@ from gateway.upstream.hosted_transport import watched
 __all__ = [
     "BOTO3_ROUTES",
     "hosted_ca_file",
-    "install_botocore_bound",
+    "install_botocore_rules",
     "install_hosted_roots",
     "install_requests_rules",
     "install_verified_clients",
@@ -146,10 +156,11 @@ def install_requests_rules() -> None:
     setattr(sessions, "get_netrc_auth", get_netrc_auth)  # noqa: B010 - `prepare_request` reads it
 
 
-def install_botocore_bound() -> None:
-    """Wrap botocore's HTTP session so that, within a watched hosted call, an answer it
-    would read whole (a credential fetch: STS, the container or instance metadata
-    endpoint) is read to `outbound.max_bytes` at most; idempotent."""
+def install_botocore_rules() -> None:
+    """Wrap botocore's HTTP session so that, within a watched hosted call, it takes no
+    proxy or CA from the environment (see the module's notes) and an answer it would read
+    whole (a credential fetch: STS, the container or instance metadata endpoint) is read
+    to `outbound.max_bytes` at most; idempotent."""
     try:
         httpsession = importlib.import_module("botocore.httpsession")
     except ImportError:
@@ -158,6 +169,22 @@ def install_botocore_bound() -> None:
     send = session.send
     if getattr(send, _MARK, False):
         return
+    proxy_url_for = httpsession.ProxyConfiguration.proxy_url_for
+    setup_ssl_cert = session._setup_ssl_cert
+
+    @functools.wraps(proxy_url_for)
+    def call_proxy_url(self: Any, url: str) -> str | None:
+        outbound = watched()
+        if outbound is None:  # else never the environment's (`get_environ_proxies`)
+            return proxy_url_for(self, url)  # type: ignore[no-any-return]
+        https = url.lower().startswith("https:")
+        return outbound.proxy if https else None  # http: the host's metadata endpoints
+
+    @functools.wraps(setup_ssl_cert)
+    def hosted_ssl_cert(self: Any, conn: Any, url: str, verify: Any) -> None:
+        if watched() is not None:  # never AWS_CA_BUNDLE, `ca_bundle`, REQUESTS_CA_BUNDLE
+            verify = hosted_ca_file()
+        setup_ssl_cert(self, conn, url, verify)
 
     @functools.wraps(send)
     def bounded_send(self: Any, request: Any) -> Any:
@@ -176,6 +203,8 @@ def install_botocore_bound() -> None:
         return response
 
     setattr(bounded_send, _MARK, True)
+    httpsession.ProxyConfiguration.proxy_url_for = call_proxy_url
+    session._setup_ssl_cert = hosted_ssl_cert
     session.send = bounded_send
 
 

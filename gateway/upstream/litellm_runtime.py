@@ -40,8 +40,8 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   `SSL_CERT_FILE` still replaces certifi's bundle for hosted calls (an operator's
   bundle, docs/security.md); `SSL_CERT_DIR` never vouches (`install_hosted_roots`).
   A `requests` call within a hosted call (a token fetch) takes no proxy, CA or `.netrc`
-  from the environment and is bounded, as is what botocore reads of an AWS credential
-  answer (gateway/upstream/hosted_libraries.py).
+  from the environment and is bounded, and so does botocore fetching AWS credentials (no
+  proxy or CA of the environment's or a profile's; gateway/upstream/hosted_libraries.py).
 - Module settings after import: no callbacks of any kind (they are how LiteLLM ships
   requests to logging/observability services), no pre- or post-call rules (a stream's
   post-call rules read all its text so far); `suppress_debug_info` (no "Give Feedback"
@@ -119,7 +119,7 @@ from typing import Any, Final
 from gateway.logs import get_logger
 from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.hosted_libraries import (
-    install_botocore_bound,
+    install_botocore_rules,
     install_hosted_roots,
     install_requests_rules,
     install_verified_clients,
@@ -242,7 +242,7 @@ def load_litellm() -> ModuleType:
     install_transport_marks()  # a refusal before sending told from a provider's failure
     install_requests_rules()  # a token fetch over `requests`: no env proxy or CA, bounded
     install_hosted_roots()  # an httpx client's roots: certifi's or SSL_CERT_FILE, no SSL_CERT_DIR
-    install_botocore_bound()  # an AWS credential fetch's answer: bounded
+    install_botocore_rules()  # an AWS credential fetch: no env proxy or CA, bounded
     install_verified_clients()  # an adapter's `ssl_verify=False` (GigaChat's) verifies all the same
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most

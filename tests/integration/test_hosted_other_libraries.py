@@ -8,7 +8,8 @@ their answers is bounded (gateway/upstream/hosted_libraries.py).
   `requests`, which took the environment's proxy and `REQUESTS_CA_BUNDLE`, and read the
   token answer whole, however large.
 - AWS credentials botocore fetches itself (the container endpoint here; STS, instance
-  metadata): read whole, however large.
+  metadata): read whole, however large; through the environment's proxy (instance
+  metadata, STS), past the backend's `proxy`, trusting `AWS_CA_BUNDLE` (STS).
 - GigaChat's handlers ask LiteLLM's client factory for `ssl_verify: False`: a message's
   images were uploaded to the `base_url` over TLS that accepted any certificate.
 - The Azure client LiteLLM makes for a Cloudflare AI Gateway `base_url` (httpx's own
@@ -62,6 +63,7 @@ async def main():
         "region": "eu-west-1" if provider == "aws" else "us", "owner": "o",
         "provider": provider, "api_key_env": None if provider == "aws" else "K",
         **({} if url == "-" else {"base_url": url}),
+        **({"proxy": sys.argv[8]} if len(sys.argv) > 8 else {}),
         "unsafe_unchecked_azure_host": provider == "azure",
         "models": [{"name": "g", "provider_model": model}]})
     client = HostedClient(backend, environ={"K": sys.argv[6]}, timeout_s=10,
@@ -83,11 +85,14 @@ asyncio.run(main())
 _TRUST = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE")
 
 
-def _call(endpoint: str, provider: str, url: str, model: str, **env: str) -> str:
-    """The child's one line for a call of `endpoint` to `model`, with `env` set."""
+def _call(
+    endpoint: str, provider: str, url: str, model: str, *, via: str | None = None, **env: str
+) -> str:
+    """The child's one line for a call of `endpoint` to `model`, with `env` set; `via`,
+    the backend's `proxy`."""
     inherited = {k: v for k, v in os.environ.items() if k not in _TRUST}
     environ = {**inherited, "NO_PROXY": "", "no_proxy": "", **env}
-    args = [endpoint, provider, url, model, PROMPT, KEY, str(LIMIT)]
+    args = [endpoint, provider, url, model, PROMPT, KEY, str(LIMIT), *([via] if via else [])]
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, *args],
         env=environ,
@@ -341,6 +346,138 @@ def test_an_aws_credential_answer_is_read_no_further_than_the_bound(
     assert asked == ["/credentials"]
     assert out.split(" ")[:2] == ["error", "too_large"], out
     assert provider.posts == []
+
+
+# A Bedrock model whose calls LiteLLM signs with credentials botocore resolves.
+_BEDROCK = "bedrock/converse/anthropic.claude-3-haiku-20240307-v1:0"
+# No credentials of this machine's: only the files and endpoints a test names.
+_NO_AWS_FILES = {"AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_CONFIG_FILE": os.devnull}
+
+
+@pytest.fixture
+def instance_metadata() -> Iterator[tuple[str, list[str]]]:
+    """An EC2 instance metadata service (IMDSv2) that hands out a role's credentials,
+    and the paths it was asked for."""
+    asked: list[str] = []
+    role = "/latest/meta-data/iam/security-credentials/"
+    credentials = {"Code": "Success", "AccessKeyId": "AKIAEXAMPLEEXAMPLE00"}
+    credentials |= {"SecretAccessKey": "s", "Token": "t", "Expiration": "2099-01-01T00:00:00Z"}
+
+    class Metadata(BaseHTTPRequestHandler):
+        def _answer(self, body: str) -> None:
+            asked.append(self.path)
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def do_PUT(self) -> None:
+            self._answer("imds-token")
+
+        def do_GET(self) -> None:
+            self._answer("r" if self.path == role else json.dumps(credentials))
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    with serving(Metadata) as url:
+        yield url, asked
+
+
+def test_aws_credential_fetches_take_no_proxy_from_the_environment(
+    proxy: RawBackend, instance_metadata: tuple[str, list[str]]
+) -> None:
+    """botocore fetched a Bedrock call's credentials through the environment's
+    `HTTP_PROXY` (instance metadata, STS: `get_environ_proxies`): the proxy got the
+    request for the role's credentials and answered it. A hosted call's requests go
+    straight to their URL or through the backend's `proxy`: the credentials come from
+    the metadata service itself, and the prompt goes to the provider."""
+    url, asked = instance_metadata
+    provider = RawBackend(json_answer(_CONVERSE)).start()
+    try:
+        out = _call(
+            "chat",
+            "aws",
+            provider.url,
+            _BEDROCK,
+            HTTP_PROXY=proxy.url,
+            AWS_EC2_METADATA_SERVICE_ENDPOINT=url,
+            **_NO_AWS_FILES,
+        )
+    finally:
+        provider.stop()
+    assert proxy.connections == 0, [post.head for post in proxy.posts]
+    assert "/latest/meta-data/iam/security-credentials/r" in asked, asked
+    assert out.startswith("answered"), out
+    assert len(provider.posts) == 1 and PROMPT.encode() in provider.posts[0].body
+
+
+def _assume_role_config(directory: Path) -> Path:
+    """An AWS config file whose default profile assumes a role with a static key's (STS
+    in the backend's Region)."""
+    path = directory / "aws-config"
+    path.write_text(
+        "[default]\nregion = eu-west-1\nrole_arn = arn:aws:iam::123456789012:role/r\n"
+        "source_profile = base\n"
+        "[profile base]\naws_access_key_id = AKIAEXAMPLEEXAMPLE00\n"
+        "aws_secret_access_key = not-a-real-secret\n"
+    )
+    return path
+
+
+def test_a_ca_named_in_aws_variables_does_not_vouch_for_sts(tmp_path: Path) -> None:
+    """`AWS_CA_BUNDLE` made botocore trust its CA for STS: whoever held that CA answered
+    the role's credentials (which then signed the prompt's request). A hosted call's
+    requests verify against certifi's bundle or `SSL_CERT_FILE`: nothing reaches it."""
+    pki = Pki.create(tmp_path / "env-ca")
+    sts = RawBackend(json_answer(b"{}")).start()
+    front = TLSFront(("127.0.0.1", sts.port), server_context(pki, pki.server())).start()
+    provider = RawBackend(json_answer(_CONVERSE)).start()
+    try:
+        out = _call(
+            "chat",
+            "aws",
+            provider.url,
+            _BEDROCK,
+            AWS_CA_BUNDLE=str(pki.directory / "ca.pem"),
+            AWS_ENDPOINT_URL_STS=front.url,
+            AWS_CONFIG_FILE=str(_assume_role_config(tmp_path)),
+            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+            AWS_MAX_ATTEMPTS="1",
+        )
+    finally:
+        front.stop()
+        sts.stop()
+        provider.stop()
+    assert sts.posts == [], [post.head for post in sts.posts]
+    assert out.split(" ")[:1] == ["error"], out
+    assert provider.posts == []
+
+
+def test_an_aws_credential_fetch_goes_through_the_backends_proxy(
+    proxy: RawBackend, tmp_path: Path
+) -> None:
+    """botocore went past the backend's `proxy` (it reads only the environment's): an
+    STS request of a Bedrock backend with a `proxy` went straight to the network. It goes
+    through that proxy, as every https request of the call does."""
+    provider = RawBackend(json_answer(_CONVERSE)).start()
+    try:
+        out = _call(
+            "chat",
+            "aws",
+            provider.url,
+            _BEDROCK,
+            via=proxy.url,
+            AWS_ENDPOINT_URL_STS="https://sts.invalid",
+            AWS_CONFIG_FILE=str(_assume_role_config(tmp_path)),
+            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+            AWS_MAX_ATTEMPTS="1",
+        )
+    finally:
+        provider.stop()
+    heads = [post.head.split(b"\r\n", 1)[0] for post in proxy.posts]
+    assert heads and heads[0].startswith(b"CONNECT sts.invalid:443 "), (heads, out)
+    assert provider.posts == [], out
 
 
 def _hashed_directory(pki: Pki, directory: Path) -> Path:

@@ -28,24 +28,22 @@ recovers from whatever directory is there then.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.provenance.errors import LogCorruptedError, LogUnavailableError, ProvenanceError
-from gateway.provenance.files import fsync_directory, make_directories, write_files_atomically
+from gateway.provenance.files import make_directories, write_files_atomically
 from gateway.provenance.formats.checkpoint import Checkpoint, sign_checkpoint
-from gateway.provenance.formats.layout import CHECKPOINT, LOCK, WAL, history_path, list_history
+from gateway.provenance.formats.layout import CHECKPOINT, WAL, history_path, list_history
 from gateway.provenance.formats.merkle import HASH_SIZE, inclusion_proof
 from gateway.provenance.formats.note import Signer, Verifier
 from gateway.provenance.formats.tiles import TileReader
 from gateway.provenance.formats.tree import TiledTree
-from gateway.provenance.formats.wal import list_segments, segment_path
+from gateway.provenance.formats.wal import segment_path
 from gateway.provenance.writer.high_water import HighWater
+from gateway.provenance.writer.log_directory import LogDirectory, unavailable
 from gateway.provenance.writer.recovery import (
     check_no_later_tree,
     check_signed,
@@ -89,35 +87,23 @@ class Recovery:
     rewritten: tuple[str, ...] = ()
 
 
-def _identity(stat: os.stat_result) -> tuple[int, int]:
-    return stat.st_dev, stat.st_ino
-
-
-def _unavailable(action: str, exc: OSError) -> LogUnavailableError:
-    where = f" ({exc.filename})" if exc.filename else ""
-    reason = exc.strerror or str(exc)
-    return LogUnavailableError(f"cannot {action} the provenance log: {reason}{where}")
-
-
 class LogStore:
     """One log directory, opened by exactly one writer (an exclusive lock is held)."""
 
     def __init__(
         self,
-        directory: Path,
+        held: LogDirectory,
         origin: str,
         signers: Sequence[Signer],
-        lock_fd: int,
         high_water: HighWater | None = None,
     ) -> None:
-        self.directory = directory
+        self.directory = held.path
         self.origin = origin
         self._signers = tuple(signers)
-        self._lock_fd = lock_fd
+        self._held = held  # locked, and checked to be the directory that was opened
         # The newest checkpoint kept outside the directory, and the size it records now.
         self._high_water = high_water
         self._recorded: int | None = None
-        self._identity = _identity(os.stat(directory))  # the directory that was opened
         # The writer's side: durable size and what the next snapshot takes.
         self._size = 0
         self._unexported: list[tuple[bytes, bytes]] = []
@@ -157,18 +143,8 @@ class LogStore:
         if not signers:
             raise ValueError("a log needs at least one signer")
         Checkpoint(origin, 0, bytes(32))  # validates the origin line early
-        path = Path(directory).absolute()
-        try:
-            make_directories(path, stop=Path(path.anchor))
-            lock_fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise _unavailable("open", exc) from exc
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(lock_fd)
-            raise LogUnavailableError(f"{path} is already open by another writer") from exc
-        store = cls(path, origin, signers, lock_fd, high_water)
+        held = LogDirectory.lock(Path(directory).absolute())
+        store = cls(held, origin, signers, high_water)
         try:
             store._recover([*(s.verifier() for s in signers), *retired])
             store.checkpoint()
@@ -217,7 +193,7 @@ class LogStore:
                 return
             write_files_atomically([(path, latest.note)], root=self.directory)
         except OSError as exc:
-            raise _unavailable("write a checkpoint to", exc) from exc
+            raise unavailable("write a checkpoint to", exc) from exc
 
     # --- state ------------------------------------------------------------------------------
 
@@ -241,17 +217,6 @@ class LogStore:
         if self._closed:
             raise LogUnavailableError("the provenance log is closed")
 
-    def _check_directory(self) -> None:
-        """Raise OSError unless the log directory is still the one that was opened."""
-        try:
-            same = _identity(os.stat(self.directory)) == self._identity
-        except FileNotFoundError:
-            same = False
-        if not same:
-            raise OSError(
-                errno.ENOENT, "the directory was removed or replaced", str(self.directory)
-            )
-
     # --- writing ----------------------------------------------------------------------------
 
     def append_frames(self, pairs: Sequence[tuple[bytes, bytes]], frames: bytes) -> int:
@@ -262,7 +227,7 @@ class LogStore:
         try:
             self._writable_segment().append(frames)
         except OSError as exc:
-            raise _unavailable("append to", exc) from exc
+            raise unavailable("append to", exc) from exc
         self.batches += 1
         start = self._size
         self._size += len(pairs)
@@ -276,11 +241,11 @@ class LogStore:
         try:
             self._writable_segment().probe()
         except OSError as exc:
-            raise _unavailable("append to", exc) from exc
+            raise unavailable("append to", exc) from exc
 
     def _writable_segment(self) -> SegmentWriter:
         if self._segment is None:
-            self._check_directory()
+            self._held.check_same()
             wal = self.directory / WAL
             make_directories(wal, stop=self.directory)
             self._segment = SegmentWriter(segment_path(wal, self.size), valid_bytes=0)
@@ -294,7 +259,7 @@ class LogStore:
             try:
                 self._segment.close()
             except OSError as exc:  # nothing taken: the next snapshot takes these entries
-                raise _unavailable("close a segment of", exc) from exc
+                raise unavailable("close a segment of", exc) from exc
             self._segment = None
         taken = Snapshot(self._size, tuple(self._unexported), self._appended_bytes)
         self._unexported = []
@@ -325,14 +290,14 @@ class LogStore:
         checkpoint = Checkpoint(self.origin, tree.size, tree.root())
         note = sign_checkpoint(checkpoint, self._signers)
         try:
-            self._check_directory()
+            self._held.check_same()
             write_files_atomically(files, root=self.directory)
             self._pending = []
             history = history_path(self.directory, checkpoint.size)
             write_files_atomically([(history, note)], root=self.directory)
             write_files_atomically([(self.directory / CHECKPOINT, note)], root=self.directory)
         except OSError as exc:
-            raise _unavailable("write a checkpoint to", exc) from exc
+            raise unavailable("write a checkpoint to", exc) from exc
         signed = SignedNote(checkpoint, note)
         # Not the latest until recorded: a failed recording is retried by the next export,
         # which then signs the same checkpoint again (the same note: Ed25519 is deterministic).
@@ -356,27 +321,13 @@ class LogStore:
         try:
             self._high_water.write(signed.note)
         except OSError as exc:
-            raise _unavailable("record the signed checkpoint of", exc) from exc
+            raise unavailable("record the signed checkpoint of", exc) from exc
         self._recorded = signed.checkpoint.size
 
     def clean_up(self, completed: list[str], covered: int | None) -> None:
         """Drop the segments a checkpoint of size `covered` covers (None: all of them, on
-        open) and partial tiles now superseded by full ones. Snapshots rotate segments, so
-        a segment that starts below `covered` holds nothing beyond it."""
-        wal = self.directory / WAL
-        try:
-            for first, path in list_segments(wal):
-                if covered is None or first < covered:
-                    path.unlink()
-            if wal.is_dir():
-                fsync_directory(wal)
-            for name in completed:
-                partials = self.directory / f"{name}.p"
-                if partials.is_dir():
-                    shutil.rmtree(partials)
-        except OSError as exc:
-            # The checkpoint is durable; leftovers are skipped on recovery and retried here.
-            raise _unavailable("clean up", exc) from exc
+        open) and partial tiles now superseded by full ones (`LogDirectory.remove_covered`)."""
+        self._held.remove_covered(completed, covered)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -396,4 +347,4 @@ class LogStore:
         if self._segment is not None:
             self._segment.close(cut=False)  # the last segment: recovery cuts a torn tail
             self._segment = None
-        os.close(self._lock_fd)
+        self._held.release()
