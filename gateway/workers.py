@@ -78,8 +78,8 @@ NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"  # `serve --new-log-origin`'s vari
 RUNTIME_ENV = "OWNGATE_WORKER_RUNTIME_DIR"
 _QUICK_DEATH_S = 5.0  # a worker dead this soon after starting did not really start
 _MAX_QUICK_DEATHS = 5
-_STOP_MARGIN_S = 15.0
-_PR_SET_PDEATHSIG = 1  # prctl(2)  # past the drain deadline: the app's cut, the final checkpoint
+_STOP_MARGIN_S = 15.0  # past the drain deadline: the app's cut, the final checkpoint
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
