@@ -15,7 +15,8 @@ and decode on different servers) the router in front sets where the KV cache com
 have the backend connect to a host of its choosing and build the answer from a KV cache
 read there, not from the prompt the log commits to. Those, and the rest of the inference
 servers' own fields no tenant may send, are listed in gateway/api/server_fields.py, which
-`refuse_control_fields` calls.
+`refuse_control_fields` calls. So are tools the server would run itself (an `mcp` tool's
+`server_url`, a web search: gateway/upstream/client_tools.py), which such a proxy runs too.
 
 The gateway forwards private request bodies byte for byte (it does not rewrite them), so
 such a field is refused, not removed: a 400 `invalid_request` naming it, before any
@@ -25,7 +26,8 @@ backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`), an
 case (`"API_BASE"`: a router written in Go matches names without regard to case).
 
 OpenAI's own request fields are not here, however a router reads them: `metadata` and
-`user` are the API's and pass (docs/security.md says what that leaves open). Every other
+`user` are the API's and pass (`user` as its tenant's own: gateway/upstream/tenant_ids.py;
+docs/security.md says what that leaves open). Every other
 argument LiteLLM reads from a request is: its `completion()` parameters and the names its
 proxy refuses in a request body, as tests/unit/test_control_fields.py reads them from the
 pinned LiteLLM (a name added by an upgrade fails that test until it is listed here).
@@ -39,6 +41,7 @@ from typing import Any, Final
 from gateway.api.labels import excerpt
 from gateway.api.server_fields import COMMON_FIELDS, refuse_server_fields
 from gateway.errors import ErrorCode, GatewayError
+from gateway.upstream.client_tools import tool_problem
 
 __all__ = ["CONTROL_FIELDS", "CONTROL_PREFIXES", "refuse_control_fields"]
 
@@ -291,20 +294,27 @@ def _is_control(name: str) -> bool:
 assert not any(_is_control(name) for name in COMMON_FIELDS)
 
 
+# The fields that declare tools (`tool_problem` reads them), as a Go router reads them.
+_TOOL_FIELDS: Final = frozenset({"tools", "functions"})
+
+
 def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
     """Raise 400 `invalid_request` naming the first top-level control field in `doc`
     (parsed from `body`), then the first field an inference server reads past the token
     bound, the configured weights or its own code and files
-    (gateway/api/server_fields.py).
+    (gateway/api/server_fields.py), then the first tool the client would not run
+    (gateway/upstream/client_tools.py).
 
     A name matches in any case (`"FALLBACKS"`, `"Api_Ba\\u017fe"`): a router written in Go
     (encoding/json and its look-alikes match names without regard to case, folding
     U+017F and U+212A to `s` and `k`) reads it as the field, and a `kind: openai`
     backend may be such a router."""
+    tools = "tools" in doc  # or a name that folds to `tools` or `functions`, below
     for name in doc:
         if name in COMMON_FIELDS:  # most names: lower case already, and none a control field
             continue
-        if _is_control(name if name.isascii() and name.islower() else name.casefold()):
+        folded = name if name.isascii() and name.islower() else name.casefold()
+        if _is_control(folded):
             name = excerpt(name)  # a prefix matches a name of any length and characters
             raise GatewayError(
                 ErrorCode.invalid_request,
@@ -312,4 +322,13 @@ def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
                 "request goes, with which credentials, and what answers it",
                 param=name,
             )
+        tools = tools or folded in _TOOL_FIELDS
     refuse_server_fields(doc, body)
+    found = tool_problem(doc) if tools else None  # a usual body: no call
+    if found is not None:
+        param, why = found
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            f"`{param}` is not accepted: {why} (docs/security.md)",
+            param=param,
+        )

@@ -1,7 +1,9 @@
 """Pass-through to OpenAI-compatible private backends: bytes in, bytes out.
 
-The body goes to the backend byte for byte (only `model` changes for an alias, and
-`cache_salt` is set to the tenant's for a backend with `isolate_prefix_cache`); the
+The body goes to the backend byte for byte (only `model` changes for an alias,
+`cache_salt` is set to the tenant's for a backend with `isolate_prefix_cache`, and `user`,
+`safety_identifier` and `prompt_cache_key` are the tenant's own, but to an attested
+backend: gateway/upstream/tenant_ids.py); the
 response comes back as the backend wrote it, and streams are relayed as each read
 arrives, never re-encoded. A failure before the client saw a byte raises `TryNext`, so
 the dispatcher can offer the request to the next eligible backend: a refused or broken
@@ -67,7 +69,7 @@ from gateway.sse_comments import CommentFilter
 from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
-from gateway.upstream.tenant_ids import salted_body
+from gateway.upstream.tenant_ids import salted_body, scoped_body
 
 __all__ = ["PrivateRelay"]
 
@@ -137,6 +139,8 @@ class PrivateRelay:
         if backend.config.isolate_prefix_cache and exchange.endpoint in _SALTED:
             out = salted_body(out, doc, exchange.tenant)  # its prefix cache: the tenant's own
         attester = self._attester(backend)
+        if attester is None:  # an attested backend countersigns the client's own bytes
+            out = scoped_body(out, doc, exchange.tenant)  # its identifiers: the tenant's own
         # The gateway counts a stream's tokens (budget, provenance record): ask for them;
         # not of an attested backend, whose countersigned body must be the client's.
         strip_usage = (

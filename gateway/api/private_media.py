@@ -5,8 +5,10 @@ an `image_url`, `audio_url` or `video_url` part (a part without `type` too, read
 keys), llama.cpp an `image_url`, and an `input_audio` or `input_video` whose `data` is a
 URL, SGLang an `image_url`, `audio_url` or `video_url`, and the `image` and `video` of
 an embeddings `input` object (`[{"text": ..., "image": ...}]`, its multimodal
-embeddings). The fetch comes from the GPU host, inside the network, and vLLM makes the
-bytes model input the client reads back: a client could have it read
+embeddings), and Infinity each string of an embeddings `input` whose `modality` is
+`image` or `audio` (a `kind: openai` backend). The fetch comes from the GPU host, inside
+the network, and vLLM makes the bytes model input the client reads back: a client could
+have it read
 `http://169.254.169.254/latest/meta-data/`, `http://127.0.0.1:6379/` or
 `http://10.0.0.5/admin`. vLLM opens `file:` URLs under `--allowed-local-media-path`,
 llama.cpp `file://` ones under `--media-path`, SGLang a bare path ending in an image
@@ -17,7 +19,8 @@ content parts (every key but the part's `type` and `text`, to any depth; `conten
 `type` and `text` in any case too, as a server in Go reads names), in a message's
 `images`, in llama.cpp's prompt objects (`multimodal_data` of a completion's
 `prompt`, an embedding's `input` or `content`), and in SGLang's embedding `input`
-objects (every key but `text`; a URL stands at `image` and `video`). `refusal` then
+objects (every key but `text`; a URL stands at `image` and `video`), and in the `input`
+strings of an embedding whose `modality` is not text (a URL stands there). `refusal` then
 judges them for one backend's `media_urls:` (gateway/config/media.py), before its
 dispatch record:
 
@@ -71,6 +74,9 @@ _PROMPT_MEDIA: Final = frozenset({"image", "video"})
 # A body that holds prompt objects with media names one of these (or spells it escaped).
 _NEEDLES: Final = (b"multimodal_data", b'"image"', b'"video"', b"\\u")
 _PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
+# Infinity's embeddings `modality` that reads `input` as text (absent: text too); with any
+# other (`image`, `audio`) it fetches each string of `input` as a URL.
+_TEXT_MODALITY: Final = (None, "text")
 _CONTENT: Final = b'"content"'
 # An escaped ASCII letter (`\u0063`): no encoder writes one, a name spelled to hide may.
 _ESCAPED_LETTER: Final = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
@@ -121,7 +127,8 @@ class MediaRefs:
                     or _ESCAPED_LETTER.search(body) is not None
                 ):
                     refuse_repeated_content(body)
-                return None
+                if doc.get("modality") in _TEXT_MODALITY:  # not an embedding of media URLs
+                    return None
         refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []
         for where, value, url_place in _references(doc, body):
@@ -193,6 +200,13 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                         yield from _part(f"messages[{i}].{key}[{j}]", part)
             elif folded == "images":
                 yield from _strings(f"messages[{i}].{key}", value, True, 0)
+    # Infinity's embeddings of media: with `modality` "image" or "audio" each string of
+    # `input` is a URL it fetches (or a `data:` URL).
+    if doc.get("modality") not in _TEXT_MODALITY:
+        value = doc.get("input")
+        for k, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, str):
+                yield (f"input[{k}]" if isinstance(value, list) else "input"), item, True
     # Prompt and input objects: only in a body that holds some (a chat body or a batch of
     # strings has none) and names their media (or may, escaped).
     held = any(_holds_objects(doc.get(name)) for name in _PROMPT_KEYS)

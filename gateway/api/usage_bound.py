@@ -27,7 +27,9 @@ text the client sent (JSON escapes only add bytes), plus what the backend adds t
 body does not carry: a chat template's role markers and default system prompt
 (`PROMPT_ALLOWANCE`), and an image, audio or video part that it fetches or decodes into
 many tokens from a short URL or a small file (`MEDIA_ALLOWANCE` each, as is each item of a
-llama.cpp prompt object's `multimodal_data`). An output token is
+llama.cpp prompt object's `multimodal_data`, in a completion's `prompt` or an embedding's
+`input` or `content`, and each `image` and `video` of SGLang's embedding input objects).
+An output token is
 at least one byte of the answer relayed (a whole answer's body, or a stream's relayed
 bytes), except tokens that leave no text: end-of-sequence and other special tokens, and a
 hosted reasoning model's hidden reasoning (`COMPLETION_ALLOWANCE` per choice, or the
@@ -199,8 +201,10 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
 
 
 def media_parts(ask: Mapping[str, Any] | None) -> int:
-    """Content parts of chat messages that are not text, and media items of llama.cpp
-    prompt objects (`{"prompt_string": ..., "multimodal_data": [...]}`), at most
+    """Content parts of chat messages that are not text, media items of llama.cpp prompt
+    objects (`{"prompt_string": ..., "multimodal_data": [...]}` as a completion's
+    `prompt`, an embedding's `input` or `content`), and the `image` and `video` of
+    SGLang's embedding input objects (`[{"text": ..., "image": ...}]`), at most
     `_MEDIA_COUNTED` looked at.
 
     A message's `content` and a part's `type` are read in any case too, as a server in
@@ -213,13 +217,15 @@ def media_parts(ask: Mapping[str, Any] | None) -> int:
     found = seen = 0
     for holder, key in _media_holders(ask):
         items = holder.get(key) if isinstance(holder, dict) else None
+        if key in _PROMPT_MEDIA and items is not None and not isinstance(items, list):
+            items = [items]  # SGLang's one image or video of an embedding input object
         if not isinstance(items, list):
             continue
         for item in items:
             seen += 1
             if seen > _MEDIA_COUNTED:
                 return found
-            if key == "multimodal_data" or _media_part(item):
+            if key in _PROMPT_MEDIA or _media_part(item):
                 found += 1
     return found
 
@@ -253,17 +259,28 @@ def _folded(holder: Any, name: str) -> list[str]:
     return [k for k in holder if len(k) == size and k != name and k.casefold() == name]
 
 
+# Where a prompt or input object sits: a completion's `prompt`, an embedding's `input`,
+# and llama.cpp's embeddings `content` (read when there is no `input`), each the object
+# itself or entries of a batch (as gateway/api/private_media.py walks them).
+_PROMPT_HOLDERS: Final = ("prompt", "input", "content")
+# The media of such an object: llama.cpp's `multimodal_data` (an array of items), SGLang's
+# embeddings `image` and `video` (one item each; an array counts its items).
+_PROMPT_MEDIA: Final = ("multimodal_data", "image", "video")
+
+
 def _media_holders(ask: Mapping[str, Any]) -> list[tuple[Any, str]]:
     """Where media may sit: each chat message's `content` (in any case: `_folded`), and
-    each llama.cpp prompt object's `multimodal_data` (the prompt itself, or entries of a
-    batch; llama.cpp reads names as written)."""
+    each prompt or input object's media (`_PROMPT_MEDIA`; llama.cpp and SGLang read names
+    as written)."""
     messages = ask.get("messages")
     holders: list[tuple[Any, str]] = []
     if isinstance(messages, list):
         for message in messages:
             holders.append((message, "content"))
             holders += [(message, k) for k in _folded(message, "content")]
-    prompt = ask.get("prompt")
-    prompts = prompt if isinstance(prompt, list) else [prompt]
-    holders += [(entry, "multimodal_data") for entry in prompts]
+    for name in _PROMPT_HOLDERS:
+        value = ask.get(name)
+        for entry in value if isinstance(value, list) else [value]:
+            if isinstance(entry, dict):
+                holders += [(entry, key) for key in _PROMPT_MEDIA]
     return holders

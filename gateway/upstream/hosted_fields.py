@@ -33,7 +33,8 @@ A client that asked for one of these is refused (`RefusedField`: 400 naming the 
 not served without it: an answer without the web search, the audio or the stored copy the
 client asked for would not be what it asked for, and nothing would tell it so. Only tools
 of type `function` and `custom` (both run by the client, not the provider), with no keys
-beyond the API's, and legacy `functions` with a `name`, are sent.
+beyond the API's, and legacy `functions` with a `name`, are sent: the rule of every path
+(gateway/upstream/client_tools.py, refused at the ingress), checked here again.
 `store: false` (the default), `prompt_cache_retention: "in_memory"` (the default) and null
 values ask for nothing and pass.
 """
@@ -44,10 +45,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = ["CACHE_MARKERS", "CLIENT_TOOL_TYPES", "RefusedField", "refuse_provider_actions"]
+from gateway.upstream.client_tools import CLIENT_TOOL_TYPES, tool_problem
 
-# Tools the provider only describes to the model; the client runs them.
-CLIENT_TOOL_TYPES: Final = frozenset({"function", "custom"})
+__all__ = ["CACHE_MARKERS", "RefusedField", "refuse_provider_actions"]
+
 # The keys by which a chat request asks a provider to keep its prompt as a cache
 # (Anthropic's and LiteLLM's `cache_control`, Bedrock Converse's `cachePoint`).
 CACHE_MARKERS: Final = ("cache_control", "cachePoint")
@@ -64,20 +65,12 @@ class RefusedField(ValueError):
 
 _SEARCH = "the provider's web search sends text from the prompt to a search service"
 _AUDIO = "the provider may keep spoken output as state, outside zero-retention terms"
-_TOOL = "the provider itself would run it (search, fetch, execute, call a server)"
 _STORE = "it asks the provider to keep the prompt and the answer"
 _CACHE = "it asks the provider to keep the prompt as a cache, past the retention checked"
 # A marker's path names structure only: keys of this form, at most this deep; past that
 # (a key of the client's own, deep nesting) the message holding it is named.
 _PLAIN_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,31}")
 _MAX_PATH: Final = 6
-# LiteLLM's Gemini adapter drops a tool's `type` and reads a lone other key as a built-in
-# tool (`{"type": "custom", "googleSearch": {}}` is Google Search), and takes a legacy
-# `functions` entry without a `name` the same way: a tool has the API's keys only.
-_TOOL_KEYS: Final = frozenset({"type", "function", "custom"})
-_FUNCTION_KEYS: Final = frozenset({"name", "description", "parameters", "strict"})
-_TOOL_SHAPE = "a tool has only `type` and its `function` (or `custom`) definition"
-_FUNCTION_SHAPE = "a function has a string `name` and only `description` and `parameters`"
 
 
 def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
@@ -93,21 +86,9 @@ def refuse_provider_actions(doc: Mapping[str, Any]) -> None:
     if doc.get("store") is True:
         raise RefusedField("store", _STORE)
     _refuse_prompt_caches(doc)
-    tools = doc.get("tools")
-    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
-        if not isinstance(tool, dict):
-            continue  # a malformed tool: `openai_shapes` names it
-        kind = tool.get("type")
-        if isinstance(kind, str) and kind not in CLIENT_TOOL_TYPES:
-            raise RefusedField(f"tools[{i}].type", _TOOL)
-        if not tool.keys() <= _TOOL_KEYS:
-            raise RefusedField(f"tools[{i}]", _TOOL_SHAPE)
-    functions = doc.get("functions")
-    for i, function in enumerate(functions if isinstance(functions, list) else ()):
-        if isinstance(function, dict) and not (
-            isinstance(function.get("name"), str) and function.keys() <= _FUNCTION_KEYS
-        ):
-            raise RefusedField(f"functions[{i}]", _FUNCTION_SHAPE)
+    found = tool_problem(doc)  # refused at the ingress already: checked again here
+    if found is not None:
+        raise RefusedField(*found)
 
 
 def _refuse_prompt_caches(doc: Mapping[str, Any]) -> None:

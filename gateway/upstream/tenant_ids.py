@@ -14,6 +14,12 @@ could name another tenant's:
   it, for a backend that declares it honours it (`isolate_prefix_cache`), so that no
   tenant's request reuses (or times) another's cached prefix.
 
+The same fields reach private backends (`scoped_body`): a `kind: openai` backend may be a
+router shared by every tenant (a LiteLLM proxy on one provider account), where they name
+the same things. They are sent as the tenant's own there too, except to an attested
+backend, which countersigns the body the client sent (vLLM, SGLang and llama.cpp keep no
+state by them).
+
 The gateway sends a keyed digest in their place, keyed by the tenant id (at most 63
 characters, within BLAKE2b's 64-byte key): the same value from the same tenant is the
 same value sent (a cache key still finds its cache, a user stays one user), and two
@@ -42,6 +48,7 @@ __all__ = [
     "IDENTIFIER_FIELDS",
     "cache_salt",
     "salted_body",
+    "scoped_body",
     "scoped_identifier",
     "scoped_params",
 ]
@@ -49,6 +56,8 @@ __all__ = [
 # The hosted request fields sent as the tenant's own (gateway/upstream/openai_request.py
 # forwards them; a value reaches here as a string, its type checked there).
 IDENTIFIER_FIELDS: Final = ("user", "safety_identifier", "prompt_cache_key")
+# Their lengths: a body's other top-level names are not case-folded (`scoped_body`).
+_LENGTHS: Final = frozenset(map(len, IDENTIFIER_FIELDS))
 # The private servers' field for a prefix cache's partition (vLLM, SGLang).
 CACHE_SALT: Final = "cache_salt"
 _IDENTIFIER: Final = b"og-identifier"  # BLAKE2b personalization: one domain each
@@ -106,3 +115,22 @@ def salted_body(body: bytes, doc: Mapping[str, Any], tenant: str) -> bytes:
     current = loads(body)
     kept = {k: v for k, v in current.items() if k.casefold() != CACHE_SALT}
     return orjson.dumps({CACHE_SALT: orjson.Fragment(salt), **kept})
+
+
+def scoped_body(body: bytes, doc: Mapping[str, Any], tenant: str) -> bytes:
+    """`body` (the JSON object `doc`, but for a renamed `model` or the like) with each
+    identifier (`IDENTIFIER_FIELDS`) the tenant's own, for a private backend; `body`
+    itself when `doc` has none (most requests: no byte changes).
+
+    A name in any case counts (`"User"`: a router in Go matches names without regard to
+    case), and so does a value that is not a string but null (its JSON text is digested:
+    a lax router reads `12345` as the string `"12345"`). The body is re-encoded from
+    `body` parsed again, so a repeated name's other copies are gone with it."""
+    if not any(len(k) in _LENGTHS and k.casefold() in IDENTIFIER_FIELDS for k in doc):
+        return body
+    current = loads(body)
+    for name, value in current.items():
+        if value is not None and len(name) in _LENGTHS and name.casefold() in IDENTIFIER_FIELDS:
+            written = value if isinstance(value, str) else orjson.dumps(value).decode()
+            current[name] = scoped_identifier(tenant, written)
+    return orjson.dumps(current)

@@ -6,10 +6,12 @@ log says what happened (gateway/api/control_fields.py, gateway/upstream/hosted_f
   `aws_region_name`, ...) for every backend: a private `kind: openai` backend may be a
   LiteLLM proxy, which would honour them. Refused before the policy decides, like a
   malformed body: nothing is dispatched and nothing is recorded.
-- A hosted provider's own actions (`web_search_options`, built-in tools, `audio`,
-  `store: true`): refused for the hosted attempt before its dispatch record (nothing is
-  sent, so no dispatch record names the provider); with nothing else tried, the 400 the
-  client got has a refusal record (`reason` `upstream_bad_request`).
+- Tools the server itself would run (an `mcp` tool, web search, ...) for every backend,
+  refused the same way (a LiteLLM proxy as a private backend would run them too).
+- A hosted provider's own actions (`web_search_options`, `audio`, `store: true`):
+  refused for the hosted attempt before its dispatch record (nothing is sent, so no
+  dispatch record names the provider); with nothing else tried, the 400 the client got
+  has a refusal record (`reason` `upstream_bad_request`).
 """
 
 from __future__ import annotations
@@ -124,7 +126,10 @@ def test_openai_fields_still_reach_a_private_backend(private: tuple[Gateway, Sim
     answer = post(gateway, orjson.dumps(body))
     assert answer.status_code == 200, answer.text
     (sent,) = sim.app.captured("/v1/chat/completions")
-    assert orjson.loads(sent.body) == body  # byte pass-through, untouched
+    forwarded = orjson.loads(sent.body)
+    # `user` as the tenant's own identifier (gateway/upstream/tenant_ids.py), the rest as sent
+    assert forwarded.pop("user").startswith("og-")
+    assert forwarded == {k: v for k, v in body.items() if k != "user"}
 
 
 # -- a hosted provider's own actions -----------------------------------------------------------
@@ -150,18 +155,6 @@ def _tool(kind: str, **more: Any) -> dict[str, Any]:
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"store": True}, "store"),
-        (_tool("web_search_preview"), "tools[1].type"),
-        (_tool("web_search"), "tools[1].type"),
-        (_tool("web_search_20250305", name="web_search"), "tools[1].type"),
-        (_tool("file_search", vector_store_ids=["vs_1"]), "tools[1].type"),
-        (_tool("code_interpreter"), "tools[1].type"),
-        (_tool("computer_use_preview"), "tools[1].type"),
-        (_tool("mcp", server_url="http://decoy.example/mcp"), "tools[1].type"),
-        # Gemini's adapter drops `type` and reads a lone other key as its built-in tool.
-        ({"tools": [{"type": "custom", "googleSearch": {}}]}, "tools[0]"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}, "x": 1}]}, "tools[0]"),
-        ({"functions": [{"googleSearch": {}}]}, "functions[0]"),
-        ({"functions": [{"name": "f", "url_context": {}}]}, "functions[0]"),
     ],
 )
 def test_a_provider_action_is_refused_on_the_hosted_attempt(
@@ -183,6 +176,66 @@ def test_a_provider_action_is_refused_on_the_hosted_attempt(
     )
     kinds = {r["type"] for r in request_records(tmp_path / "log", request_id)}
     assert kinds == {"refusal"}
+
+
+# Tools the server itself would run: refused at the ingress for every backend, as a
+# router's control fields are (gateway/upstream/client_tools.py). A private `kind: openai`
+# backend may be a LiteLLM proxy, which runs an `mcp` tool's calls to its `server_url`
+# from inside the network; before, a private backend was sent them byte for byte.
+TOOLS: list[tuple[dict[str, Any], str]] = [
+    (_tool("mcp", server_url="http://decoy.example/mcp", server_label="x"), "tools[1].type"),
+    (_tool("web_search_preview"), "tools[1].type"),
+    (_tool("web_search"), "tools[1].type"),
+    (_tool("web_search_20250305", name="web_search"), "tools[1].type"),
+    (_tool("file_search", vector_store_ids=["vs_1"]), "tools[1].type"),
+    (_tool("code_interpreter"), "tools[1].type"),
+    (_tool("computer_use_preview"), "tools[1].type"),
+    # Gemini's adapter drops `type` and reads a lone other key as its built-in tool.
+    ({"tools": [{"type": "custom", "googleSearch": {}}]}, "tools[0]"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}, "x": 1}]}, "tools[0]"),
+    # a router in Go reads `Type` as the tool's type, and `Tools` as `tools`
+    ({"tools": [{"type": "function", "Type": "mcp", "function": {"name": "f"}}]}, "tools[0]"),
+    ({"Tools": [{"type": "mcp", "server_url": "http://decoy.example/mcp"}]}, "Tools[0].type"),
+    ({"functions": [{"googleSearch": {}}]}, "functions[0]"),
+    ({"functions": [{"name": "f", "url_context": {}}]}, "functions[0]"),
+]
+
+
+@pytest.mark.parametrize("path", ["private", "hosted"])
+@pytest.mark.parametrize(("extra", "param"), TOOLS)
+def test_a_tool_the_server_would_run_is_refused_on_every_path(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    path: str,
+    extra: dict[str, Any],
+    param: str,
+) -> None:
+    gateway, backend = request.getfixturevalue(path)
+    refused = post(gateway, orjson.dumps({**ASK, **extra}))
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", param)
+    assert error["type"] == "invalid_request_error"
+    assert "decoy" not in refused.text
+    assert served(backend) == 0
+    # Refused before the policy decides, like a control field: nothing is recorded.
+    ok = post(gateway, orjson.dumps(ASK))
+    assert ok.status_code == 200, ok.text
+    log = tmp_path / "log"
+    assert_never_logged(log, refused.headers["x-request-id"], ok.headers["x-request-id"])
+
+
+def test_client_run_tools_still_reach_a_private_backend(private: tuple[Gateway, Sim]) -> None:
+    gateway, sim = private
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+        {"type": "custom", "custom": {"name": "g"}},
+    ]
+    body = {**ASK, "tools": tools, "functions": [{"name": "h", "parameters": {}}]}
+    answer = post(gateway, orjson.dumps(body))
+    assert answer.status_code == 200, answer.text
+    (sent,) = sim.app.captured("/v1/chat/completions")
+    assert orjson.loads(sent.body) == body
 
 
 def test_client_run_tools_and_unstored_requests_still_reach_the_provider(

@@ -181,6 +181,18 @@ REFUSED: dict[str, tuple[str, dict[str, Any], str]] = {
         {"model": "m", "input": [{"video": "http://10.0.0.5/admin"}]},
         "input[0].video",
     ),
+    # Infinity (a `kind: openai` backend) fetches each `input` string as a URL when the
+    # embeddings request's `modality` is `image` or `audio`
+    "Infinity image embedding": (
+        "/v1/embeddings",
+        {"model": "m", "modality": "image", "input": ["http://169.254.169.254/latest/"]},
+        "input[0]",
+    ),
+    "Infinity audio embedding": (
+        "/v1/embeddings",
+        {"model": "m", "modality": "audio", "input": "http://10.0.0.5/admin"},
+        "input",
+    ),
 }
 
 

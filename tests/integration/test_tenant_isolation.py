@@ -314,6 +314,74 @@ def test_a_tenant_names_no_other_tenants_cache_key_or_user_at_the_provider(
         verify_commitment("request", dispatch["request_commitment"], receipt.salts.request, body)
 
 
+@pytest.fixture
+def private_rig(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> tuple[Gateway, Sim, str]:
+    """One private `kind: openai` backend both tenants may use: a router in front of a
+    provider account (a LiteLLM proxy), shared as the hosted account is."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "p.yaml").write_text(POLICIES)
+    vkey = write_signing_key(tmp_path / "log.key", ORIGIN)
+    gateway = start_gateway(
+        [backend("b1", sim.url, "m", kind="openai")],
+        policy={"paths": [str(tmp_path / "policies")]},
+        provenance=provenance(tmp_path),
+        tenants=TWO_TENANTS,
+    )
+    return gateway, sim, vkey
+
+
+def test_a_tenant_names_no_other_tenants_cache_key_or_user_at_a_private_router(
+    private_rig: tuple[Gateway, Sim, str], tmp_path: Path
+) -> None:
+    """A private backend may be a router that forwards on one provider account: it got
+    `user`, `safety_identifier` and `prompt_cache_key` as written, so a tenant could charge
+    its abuse to another's end user or name another's prompt cache there. Now each is the
+    tenant's own digest, as on the hosted path, also written in another case (`User`: a
+    router in Go reads it) or twice; the signed record still commits to the client's
+    bytes, and the client gets the backend's answer as before."""
+    gateway, sim, vkey = private_rig
+    written = dict.fromkeys(IDENTIFIERS, "other-tenant-conversation-7f3a")
+    plain = orjson.dumps({"model": "m", "max_tokens": 2, "messages": HISTORY, **written})
+    # `User` in another case, `user` twice (a first-wins reader takes the first copy)
+    twice = plain[:-1] + b',"User":"other-tenant-x","user":"other-tenant-y"}'
+    bodies, responses = [], []
+    for key, body in (
+        (OTHER_KEY, plain),
+        (OTHER_KEY, plain),
+        (TENANT_KEY, plain),
+        (TENANT_KEY, twice),
+    ):
+        response = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            content=body,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["message"]["content"]  # the backend's answer
+        bodies.append(body)
+        responses.append(response)
+    sent = [r.body for r in sim.app.captured("/v1/chat/completions")]
+    theirs, again, mine, repeated = [orjson.loads(b) for b in sent]
+    assert b"other-tenant" not in b"".join(sent)
+    assert {k: theirs[k] for k in IDENTIFIERS} == {k: again[k] for k in IDENTIFIERS}
+    for name in IDENTIFIERS:
+        assert theirs[name] != mine[name], name
+        for value in (theirs[name], mine[name], repeated[name]):
+            assert value.startswith("og-") and len(value) <= 64, (name, value)
+    assert repeated["User"].startswith("og-") and repeated["user"] != mine["user"]
+    assert sent[3].count(b'"user":') == 1  # the repeat is gone: no reader finds the first
+    verifiers = load_verifiers([vkey])
+    for body, response in zip(bodies, responses, strict=True):
+        request_id = response.headers["x-request-id"]
+        receipt = verify_receipt(base64.b64decode(response.headers["x-owngate-receipt"]), verifiers)
+        (dispatch,) = request_records(tmp_path / "log", request_id, "dispatch")
+        verify_commitment("request", dispatch["request_commitment"], receipt.salts.request, body)
+
+
 def test_a_tenants_many_requests_leave_the_others_receipts(
     start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:

@@ -160,6 +160,13 @@ def test_urls_fetchers_read_differently_are_bad(url: str) -> None:
         ({"model": "m", "input": [{"text": "x", "image": "http://10.0.0.1/"}]}, "input[0].image"),
         ({"model": "m", "input": [{"text": "x"}, {"video": "/srv/v.mp4"}]}, "input[1].video"),
         ({"model": "m", "input": [{"image": "iVBORw0KGgo="}]}, "input[0].image"),  # a path?
+        # Infinity reads each `input` string as a URL it fetches when `modality` is not text
+        ({"model": "m", "modality": "image", "input": ["http://169.254.169.254/"]}, "input[0]"),
+        ({"model": "m", "modality": "audio", "input": "http://127.0.0.1:6379/"}, "input"),
+        (
+            {"model": "m", "modality": "image", "input": ["data:image/png;,A", "/etc/passwd"]},
+            "input[1]",
+        ),
     ],
 )
 def test_references_inside_the_network_are_refused(doc: dict[str, Any], param: str) -> None:
@@ -180,6 +187,10 @@ def test_references_inside_the_network_are_refused(doc: dict[str, Any], param: s
         {"model": "m", "prompt": [1, 2, 3]},
         {"model": "m", "input": [{"text": "see http://10.0.0.1/", "image": "data:image/png;,A"}]},
         {"model": "m", "input": ["image", "video"]},
+        # text embeddings: `input` is text, whatever it spells
+        {"model": "m", "modality": "text", "input": ["http://10.0.0.1/"]},
+        {"model": "m", "modality": None, "input": "http://10.0.0.1/"},
+        {"model": "m", "modality": "image", "input": ["https://images.example.com/a.png"]},
     ],
 )
 def test_text_data_and_public_urls_pass(doc: dict[str, Any]) -> None:

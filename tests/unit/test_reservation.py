@@ -118,6 +118,36 @@ MEDIA: dict[str, tuple[dict[str, Any], int | None, int]] = {
         None,
         2,
     ),
+    # llama.cpp's embeddings read prompt objects in `input`, or in `content` without one
+    "llama.cpp multimodal_data of an embedding's input batch": (
+        {
+            "input": [
+                {"prompt_string": "<__media__>", "multimodal_data": ["AAAA"]},
+                "plain text",
+                {"prompt_string": "<__media__><__media__>", "multimodal_data": ["B", "C"]},
+            ]
+        },
+        None,
+        3,
+    ),
+    "llama.cpp multimodal_data of an embedding's content": (
+        {"content": {"prompt_string": "<__media__>", "multimodal_data": ["AAAA", "BBBB"]}},
+        None,
+        2,
+    ),
+    # SGLang's multimodal embeddings: one image and one video per input object
+    "SGLang embedding input objects": (
+        {
+            "input": [
+                {"text": "a cat", "image": "https://example.com/cat.png"},
+                {"text": "a clip", "video": "https://example.com/a.mp4", "image": None},
+                {"image": "https://example.com/b.png", "video": "https://example.com/b.mp4"},
+                {"text": "text alone"},
+            ]
+        },
+        None,
+        4,
+    ),
 }
 
 

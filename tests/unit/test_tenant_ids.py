@@ -15,6 +15,7 @@ from gateway.upstream.tenant_ids import (
     IDENTIFIER_FIELDS,
     cache_salt,
     salted_body,
+    scoped_body,
     scoped_identifier,
     scoped_params,
 )
@@ -116,3 +117,37 @@ def test_isolate_prefix_cache_is_for_servers_that_read_cache_salt() -> None:
     attest = {"key": seeded_signer("sidecar").vkey}
     with pytest.raises(ValidationError, match="countersigns the body the client sent"):
         BackendSettings.model_validate(_backend(attest=attest))
+
+
+def test_a_private_body_without_identifiers_is_sent_as_it_came() -> None:
+    body = b'{"model": "m",  "messages": [{"role": "user", "content": "hi", "user": "x"}]}'
+    assert scoped_body(body, orjson.loads(body), "acme") is body  # no byte changed
+
+
+@pytest.mark.parametrize(
+    ("body", "name", "written"),
+    [
+        (b'{"model":"m","user":"u1"}', "user", "u1"),
+        (b'{"model":"m","safety_identifier":"u1"}', "safety_identifier", "u1"),
+        (b'{"model":"m","prompt_cache_key":"k"}', "prompt_cache_key", "k"),
+        # a router in Go reads `User` (and `u\u017fer`, its long s folded) as `user`
+        (b'{"model":"m","User":"u1"}', "User", "u1"),
+        (b'{"model":"m","u\\u017fer":"u1"}', "u\u017fer", "u1"),
+        # a lax router reads 12345 as "12345": digested as its JSON text
+        (b'{"model":"m","user":12345}', "user", "12345"),
+        # a repeat: the last copy (orjson's) is scoped, the first is gone
+        (b'{"model":"m","user":"first","user":"u1"}', "user", "u1"),
+    ],
+)
+def test_a_private_bodys_identifiers_are_the_tenants_own(
+    body: bytes, name: str, written: str
+) -> None:
+    out = scoped_body(body, orjson.loads(body), "acme")
+    assert orjson.loads(out) == {"model": "m", name: scoped_identifier("acme", written)}
+    assert b"first" not in out
+
+
+def test_a_null_identifier_stays_null() -> None:
+    body = b'{"model":"m","user":null}'
+    sent = orjson.loads(scoped_body(body, orjson.loads(body), "acme"))
+    assert sent == {"model": "m", "user": None}

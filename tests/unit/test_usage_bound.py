@@ -67,6 +67,32 @@ HUGE = {"prompt_tokens": 2**53, "completion_tokens": 2**53, "total_tokens": 2**5
             300,
             100 + PROMPT_ALLOWANCE + 300 + 5,
         ),
+        # embeddings' media: llama.cpp's prompt objects in `input` or `content`, and the
+        # `image` and `video` of SGLang's input objects, each fetched and decoded alike
+        (
+            {"input": [{"prompt_string": "x", "multimodal_data": ["A", "B"]}, "text"]},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
+        ),
+        (
+            {"content": {"prompt_string": "x", "multimodal_data": ["A"]}},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + MEDIA_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
+        ),
+        (
+            {"input": [{"text": "t", "image": "https://e.example/a.png", "video": "v.mp4"}]},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
+        ),
+        (
+            {"input": [{"text": "t", "image": None}, {"text": "u"}]},
+            100,
+            300,
+            100 + PROMPT_ALLOWANCE + 300 + COMPLETION_ALLOWANCE,
+        ),
         # never past what a record can hold
         ({"max_tokens": 2**60, "n": 2**60}, 100, 2**60, 2**53),
     ],
