@@ -212,10 +212,20 @@ def test_http_client_libraries_never_log_what_the_far_side_sent(
     """At `logging.level: debug` the OpenAI SDK under LiteLLM logged a hosted provider's
     `x-request-id` as it came (`request_id: <value>`, openai/_base_client.py), and
     httpx/httpcore log reason phrases and response headers: strings the provider (or a
-    backend quoting a client) chose. Their info and debug lines are dropped, whatever
-    level the library set itself (`OPENAI_LOG=debug`); warnings still come through."""
+    backend quoting a client) chose; botocore's signer the canonical request of each
+    Bedrock call, its session token included. Their info and debug lines are dropped,
+    whatever level the library set itself (`OPENAI_LOG=debug`); warnings still come
+    through."""
     canary = 'CANARY7f3a"provider-id'
-    names = ("openai._base_client", "openai", "httpx", "httpcore.http11", "hpack.hpack")
+    names = (
+        "openai._base_client",
+        "openai",
+        "httpx",
+        "httpcore.http11",
+        "hpack.hpack",
+        "botocore.auth",  # a Bedrock call's canonical request: the session token
+        "boto3",
+    )
     with rendered_logs(fmt, level="debug") as logs:
         for name in names:
             library = logging.getLogger(name)
