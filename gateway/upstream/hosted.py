@@ -36,7 +36,7 @@ from gateway.upstream.hosted_errors import (
     hosted_error,
     local_reason,
 )
-from gateway.upstream.hosted_finish import Unfinished, unfinished
+from gateway.upstream.hosted_finish import Unfinished, short_of, unfinished
 from gateway.upstream.hosted_prepare import Prepared, prepare_request
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
@@ -188,6 +188,9 @@ class HostedClient:
                 raise Unfinished(self.provider)
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
+            short = short_of(endpoint, params, body, outbound.answer)
+            if short is not None:  # fewer or other choices than asked
+                raise Unfinished(self.provider, short)
             return HostedResponse(
                 content_type=_JSON,
                 body=body,
