@@ -36,7 +36,7 @@ from gateway.upstream.hosted_errors import (
     hosted_error,
     local_reason,
 )
-from gateway.upstream.hosted_finish import Unfinished, short_of, unfinished
+from gateway.upstream.hosted_finish import Unfinished, relabel, short_of, unfinished
 from gateway.upstream.hosted_prepare import Prepared, prepare_request
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
@@ -184,8 +184,10 @@ class HostedClient:
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):
-            if endpoint != "embeddings" and unfinished(outbound.answer):  # LiteLLM's "stop"
-                raise Unfinished(self.provider)
+            why = None if endpoint == "embeddings" else unfinished(outbound.answer)
+            if why is not None:  # LiteLLM's "stop"
+                raise Unfinished(self.provider, why)
+            relabel(result, outbound.answer)
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
             short = short_of(endpoint, params, body, outbound.answer)

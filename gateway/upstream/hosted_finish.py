@@ -12,7 +12,9 @@ The provider's own bytes are read by the gateway's bounded read
 
 - OpenAI's (OpenAI, Azure, Mistral, every OpenAI-compatible server): each of `choices`
   has a `finish_reason` (or the legacy `finish_details` LiteLLM also reads), not null;
-- Anthropic's Messages (`"type": "message"`): a `stop_reason`, not null.
+- Anthropic's Messages (`"type": "message"`): a `stop_reason` that ends the turn, not
+  null, nor `pause_turn` or another LiteLLM would relay as `"stop"` (anthropic_stops.py,
+  whose `relabel` also gives `model_context_window_exceeded` its `length`).
 
 Another format (Gemini, Bedrock, Cohere, a Responses API answer LiteLLM bridged), an
 answer that is not a JSON object, or none read (no `limits.max_response_bytes`) is not
@@ -36,9 +38,10 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.upstream.anthropic_stops import relabeled, unfinished_stop
 from gateway.upstream.hosted_errors import HostedError
 
-__all__ = ["Unfinished", "short_of", "unfinished"]
+__all__ = ["Unfinished", "relabel", "short_of", "unfinished"]
 
 _NO_REASON: Final = "ended without a finish reason (unfinished)"
 
@@ -56,26 +59,39 @@ class Unfinished(HostedError):
         )
 
 
-def unfinished(answer: bytes | None) -> bool:
-    """Whether `answer` (a provider's whole 2xx body) is, in a format named above, one
-    whose provider gave no finish reason: for a choice of OpenAI's wire, or Anthropic's."""
+def unfinished(answer: bytes | None) -> str | None:
+    """Why `answer` (a provider's whole 2xx body) is, in a format named above, one whose
+    provider did not finish it: a choice of OpenAI's wire without a finish reason, or an
+    Anthropic answer whose `stop_reason` ends no turn (gateway/upstream/anthropic_stops.py);
+    None when it finished or is not judged."""
     if not answer:
-        return False
+        return None
     try:
         doc: Any = orjson.loads(answer)
     except orjson.JSONDecodeError:
-        return False
+        return None
     if not isinstance(doc, dict):
-        return False
+        return None
     choices = doc.get("choices")
     if isinstance(choices, list) and choices:
-        return any(
+        if any(
             not isinstance(c, dict) or (c.get("finish_reason") or c.get("finish_details")) is None
             for c in choices
-        )
+        ):
+            return _NO_REASON
+        return None
     if doc.get("type") == "message" and "content" in doc:
-        return doc.get("stop_reason") is None
-    return False
+        return unfinished_stop(doc.get("stop_reason"))
+    return None
+
+
+def relabel(result: Any, answer: bytes | None) -> None:
+    """Give `result` (LiteLLM's whole chat answer) the finish reason its provider's raw
+    `answer` says where LiteLLM's says otherwise (anthropic_stops.py `relabeled`)."""
+    reason = relabeled(answer)
+    choices = getattr(result, "choices", None)
+    if reason is not None and isinstance(choices, list) and len(choices) == 1:
+        choices[0].finish_reason = reason
 
 
 def short_of(
