@@ -171,7 +171,7 @@ class HostedClient:
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
         """Call the provider with a request `prepare` checked."""
-        endpoint, doc, params, ignored, provider_model, litellm = prepared
+        endpoint, doc, params, provider_model, litellm = prepared
         # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
         # A stream's head and first chunk by the first-byte timeout, as a private
         # backend's (`limits.first_byte_timeout_s`): LiteLLM's own `timeout` is each read's,
@@ -197,7 +197,6 @@ class HostedClient:
                 content_type=_JSON,
                 body=body,
                 usage=usage,
-                ignored_fields=ignored,
                 provider_ids=provider_ids(result, result),
             )
         stream = ProviderStream(
@@ -211,7 +210,6 @@ class HostedClient:
         )
         return HostedResponse(
             content_type=_SSE,
-            ignored_fields=ignored,
             stream=stream,
             provider_ids=provider_ids(first, result),
         )

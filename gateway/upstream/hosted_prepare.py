@@ -3,11 +3,12 @@ and what it becomes: `Prepared`, the LiteLLM arguments `HostedClient.send_prepar
 (gateway/upstream/hosted.py) sends.
 
 The checks, in order: what the provider would do beyond answering (hosted_fields.py), the
-request's OpenAI fields and shapes (openai_request.py), routes that cannot serve it (no
-streams, boto3's), URLs an adapter would fetch from here and stored objects it would read
-(media_urls.py). A refused request raises `HostedError` ("status", 400, "not sent"); then
-LiteLLM is loaded (else `HostedUnavailable`), and a chat field its adapter would drop
-unsaid is refused the same way (hosted_support.py).
+request's OpenAI fields and shapes, and the fields it would not be sent
+(openai_request.py), routes that cannot serve it (no streams, boto3's), URLs an adapter
+would fetch from here and stored objects it would read (media_urls.py). A refused
+request raises `HostedError` ("status", 400, "not sent"); then LiteLLM is loaded (else
+`HostedUnavailable`), and a chat field its adapter would drop unsaid is refused the same
+way (hosted_support.py).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ class Prepared(NamedTuple):
     endpoint: Endpoint
     doc: dict[str, Any]
     params: dict[str, Any]
-    ignored: tuple[str, ...]
     provider_model: str
     litellm: ModuleType  # loaded: sending cannot fail to load it
 
@@ -68,7 +68,7 @@ async def prepare_request(
     try:
         if endpoint == "chat":  # what the provider would do beyond answering
             refuse_provider_actions(doc)
-        params, ignored = request_params(endpoint, doc)
+        params = request_params(endpoint, doc)
         route = provider_model.partition("/")[0]
         if params.get("stream") and route in _SYNC_ONLY_ROUTES:
             raise InvalidField("stream", "false for this provider's route (no streams)")
@@ -87,4 +87,4 @@ async def prepare_request(
     except Exception as exc:  # whatever the import raised: the gateway's own failure
         raise HostedUnavailable(type(exc).__name__[:80]) from exc
     support.check(litellm, endpoint, params, provider_model)  # HostedError, 400
-    return Prepared(endpoint, doc, params, ignored, provider_model, litellm)
+    return Prepared(endpoint, doc, params, provider_model, litellm)

@@ -53,9 +53,11 @@ def test_an_answer_without_the_providers_finish_reason_is_not_relayed_as_finishe
     [
         (openai_answer({"finish_reason": "stop"}), False, "stop"),
         (openai_answer({"finish_reason": "length"}), False, "length"),
+        (openai_answer({"finish_reason": "tool_calls"}), False, "tool_calls"),
+        (openai_answer({"finish_reason": "content_filter"}), False, "content_filter"),
         (anthropic_answer("max_tokens"), True, "length"),
     ],
-    ids=["stop", "length", "anthropic-max-tokens"],
+    ids=["stop", "length", "tool-calls", "content-filter", "anthropic-max-tokens"],
 )
 def test_an_answer_with_the_providers_finish_reason_is_served(
     start_raw: Callable[[Answer], RawBackend],
