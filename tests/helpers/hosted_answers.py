@@ -68,9 +68,10 @@ def ask(
     anthropic: bool = False,
     doc: dict[str, Any] = ASK,
     path: str = "/v1/chat/completions",
+    record: str = "completion",
 ) -> tuple[httpx.Response, dict[str, Any]]:
     """What the client got for `doc` (at `path`) when the provider answers `body`, and
-    the request's completion record."""
+    the request's record of type `record` (one, its only)."""
     provider = start_raw(json_answer(body))
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
@@ -92,5 +93,5 @@ def ask(
     )
     response = httpx.post(f"{gateway.url}{path}", json=doc, headers=gateway.headers, timeout=60)
     request_id = response.headers["x-request-id"]
-    (completion,) = request_records(tmp_path / "log", request_id, "completion")
-    return response, completion
+    (found,) = request_records(tmp_path / "log", request_id, record)
+    return response, found

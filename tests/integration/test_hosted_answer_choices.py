@@ -129,3 +129,25 @@ def test_a_full_answer_is_served(
     items = response.json()["data" if path.endswith("embeddings") else "choices"]
     assert sorted(item["index"] for item in items) == list(range(count))
     assert completion["status"] == 200
+
+
+def test_embeddings_dimensions_a_model_would_not_get_is_refused_unsent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    # LiteLLM leaves `dimensions` out for `openai/<a model not text-embedding-3>`: the
+    # client got full-size vectors, and a 200 (gateway/upstream/hosted_support.py).
+    doc = {"model": "m", "input": "a", "dimensions": 2}
+    response, refusal = ask(
+        start_raw,
+        start_gateway,
+        tmp_path,
+        embeddings_answer(1),
+        doc=doc,
+        path="/v1/embeddings",
+        record="refusal",
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "dimensions"
+    assert refusal["reason"] == "upstream_bad_request"

@@ -25,6 +25,7 @@ from tests.helpers.anthropic_stack import Stack, anthropic_stack
 from tests.helpers.anthropic_stack import chat as ask
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
+    TENANT_KEY,
     backend,
 )
 from tests.helpers.net import free_port
@@ -118,6 +119,25 @@ def test_a_field_no_hosted_provider_is_sent_is_refused_unsent(
     assert stack.anthropic.received == []
     request_id = refused.headers["x-request-id"]
     assert {r["type"] for r in request_records(stack.log, request_id)} == {"refusal"}
+
+
+def test_a_text_completion_field_the_provider_would_lose_is_refused_unsent(stack: Stack) -> None:
+    # LiteLLM asks Anthropic's chat adapter for a text completion: it left `seed` out
+    # unsaid, and the answer made without it was a 200.
+    def complete(**fields: Any) -> httpx.Response:
+        stack.anthropic.reset()
+        return httpx.post(
+            f"{stack.url}/v1/completions",
+            json={"model": "m", "prompt": "hi", "max_tokens": 8, **fields},
+            headers={"authorization": f"Bearer {TENANT_KEY}"},
+            timeout=120,
+        )
+
+    assert complete().status_code == 200
+    refused = complete(seed=7)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "seed"
+    assert stack.anthropic.received == []
 
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
