@@ -69,17 +69,23 @@ def unfinished_stop(stop_reason: object) -> str | None:
 
 
 def relabeled(answer: bytes | None) -> str | None:
-    """The finish reason a whole Anthropic answer (the provider's raw bytes) is relayed
-    with where LiteLLM's is not it (`_RELABELED`), else None."""
+    """The finish reason a whole Anthropic answer, or a Bedrock Converse one (the
+    provider's raw bytes), is relayed with where LiteLLM's is not it (`_RELABELED`),
+    else None."""
     if not answer or not any(reason.encode() in answer for reason in _RELABELED):
         return None  # most answers: no second parse
     try:
         doc: Any = orjson.loads(answer)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(doc, dict) or doc.get("type") != "message":
+    if not isinstance(doc, dict):
         return None
-    reason = doc.get("stop_reason")
+    if doc.get("type") == "message":
+        reason = doc.get("stop_reason")
+    elif isinstance(doc.get("output"), dict):  # Bedrock Converse (Claude's reasons, camelCase)
+        reason = doc.get("stopReason")
+    else:
+        return None
     return FINISH_REASONS[reason] if reason in _RELABELED else None
 
 

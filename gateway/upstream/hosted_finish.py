@@ -16,9 +16,14 @@ The provider's own bytes are read by the gateway's bounded read
   null, nor `pause_turn` or another LiteLLM would relay as `"stop"` (anthropic_stops.py,
   whose `relabel` also gives `model_context_window_exceeded` its `length`).
 
-Another format (Gemini, Bedrock, Cohere, a Responses API answer LiteLLM bridged), an
-answer that is not a JSON object, or none read (no `limits.max_response_bytes`) is not
-judged: LiteLLM's `"stop"` may still stand in for nothing there (docs/security.md).
+- Gemini's and Vertex AI's (`candidates`): each a `finishReason` that ends the answer
+  (`_GEMINI_FINISHED`: not null, nor `MALFORMED_FUNCTION_CALL` and the others LiteLLM
+  relays as `"stop"`);
+- Bedrock Converse's (`output`, `stopReason`): a `stopReason` that ends it.
+
+Another format (Cohere's, a Responses API answer LiteLLM bridged), an answer that is not
+a JSON object, or none read (no `limits.max_response_bytes`) is not judged: LiteLLM's
+`"stop"` may still stand in for nothing there (docs/security.md).
 Costs one more parse of a whole hosted answer (bounded by `max_response_bytes`).
 
 LiteLLM relays the choices the provider sent, as many as it sent, and renumbers a chat's
@@ -44,6 +49,46 @@ from gateway.upstream.hosted_errors import HostedError
 __all__ = ["Unfinished", "relabel", "short_of", "unfinished"]
 
 _NO_REASON: Final = "ended without a finish reason (unfinished)"
+_NOT_ENDED: Final = "ended for a reason that does not finish it (unfinished)"
+# Gemini's and Vertex AI's `finishReason`s that end an answer, as LiteLLM 1.108.7 relays
+# them (`map_finish_reason`: `stop`, `length`, `content_filter`). Not among them, and so
+# unfinished: a null one or none (LiteLLM's `"stop"`), `FINISH_REASON_UNSPECIFIED`,
+# `MALFORMED_FUNCTION_CALL`, `UNEXPECTED_TOOL_CALL`, `TOO_MANY_TOOL_CALLS`,
+# `MALFORMED_RESPONSE`, `MISSING_THOUGHT_SIGNATURE` (each relayed as `"stop"`, a
+# complete answer, though the model's output was cut or malformed) and any reason unknown.
+_GEMINI_FINISHED: Final = frozenset(
+    {
+        "STOP",
+        "MAX_TOKENS",
+        "CONTINUATION",
+        "SAFETY",
+        "RECITATION",
+        "LANGUAGE",
+        "OTHER",
+        "BLOCKLIST",
+        "PROHIBITED_CONTENT",
+        "SPII",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "IMAGE_RECITATION",
+        "IMAGE_OTHER",
+        "NO_IMAGE",
+        "ESCALATION",
+    }
+)
+# Bedrock Converse's `stopReason`s that end an answer; `model_context_window_exceeded`
+# (LiteLLM's `"stop"`) is relayed as `length` (anthropic_stops.py `relabeled`).
+_CONVERSE_FINISHED: Final = frozenset(
+    {
+        "end_turn",
+        "tool_use",
+        "max_tokens",
+        "stop_sequence",
+        "guardrail_intervened",
+        "content_filtered",
+        "model_context_window_exceeded",
+    }
+)
 
 
 class Unfinished(HostedError):
@@ -82,6 +127,22 @@ def unfinished(answer: bytes | None) -> str | None:
         return None
     if doc.get("type") == "message" and "content" in doc:
         return unfinished_stop(doc.get("stop_reason"))
+    candidates = doc.get("candidates")
+    if isinstance(candidates, list) and candidates:  # Gemini's, Vertex AI's
+        reasons = [c.get("finishReason") if isinstance(c, dict) else None for c in candidates]
+        return _not_finished(reasons, _GEMINI_FINISHED)
+    if isinstance(doc.get("output"), dict) and "stopReason" in doc:  # Bedrock's Converse
+        return _not_finished([doc["stopReason"]], _CONVERSE_FINISHED)
+    return None
+
+
+def _not_finished(reasons: list[object], finished: frozenset[str]) -> str | None:
+    """Why an answer whose candidates ended for `reasons` is unfinished, if one of them is
+    null or not among those `finished`."""
+    if any(reason is None for reason in reasons):
+        return _NO_REASON
+    if not all(isinstance(reason, str) and reason in finished for reason in reasons):
+        return _NOT_ENDED
     return None
 
 

@@ -11,14 +11,20 @@ nothing. An answer with the provider's own reason (`stop`, `length`) is served a
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient, HostedError
+from gateway.upstream.hosted_finish import Unfinished
 from tests.helpers.gateways import LITELLM_WARNINGS, Gateway
 from tests.helpers.hosted_answers import anthropic_answer, ask, openai_answer
-from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.raw_backend import Answer, RawBackend, json_answer
 
 pytestmark = LITELLM_WARNINGS
 
@@ -71,3 +77,57 @@ def test_an_answer_with_the_providers_finish_reason_is_served(
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] == reason
     assert completion["status"] == 200
+
+
+def gemini_answer(finish_reason: str | None) -> bytes:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": "half"}]}}
+    if finish_reason is not None:
+        candidate["finishReason"] = finish_reason
+    usage = {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}
+    return json.dumps({"candidates": [candidate], "usageMetadata": usage}).encode()
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "relayed"),
+    [
+        ("STOP", "stop"),
+        ("MAX_TOKENS", "length"),
+        ("SAFETY", "content_filter"),
+        (None, None),
+        ("MALFORMED_FUNCTION_CALL", None),
+    ],
+)
+def test_a_gemini_answer_is_relayed_as_finished_only_for_a_reason_that_ends_it(
+    start_raw: Callable[[Answer], RawBackend], finish_reason: str | None, relayed: str | None
+) -> None:
+    # LiteLLM relays Gemini's missing `finishReason`, and `MALFORMED_FUNCTION_CALL`, as
+    # "stop": a complete answer (gateway/upstream/hosted_finish.py).
+    provider = start_raw(json_answer(gemini_answer(finish_reason)))
+    backend = BackendSettings.model_validate(
+        {
+            "id": "g",
+            "kind": "hosted",
+            "provider": "gemini",
+            "base_url": provider.url,
+            "models": [{"name": "m", "provider_model": "gemini/gemini-2.0-flash"}],
+            "region": "eu",
+            "owner": "google",
+            "api_key_env": "KEY",
+        }
+    )
+    client = HostedClient(backend, environ={"KEY": "k"}, timeout_s=10, max_answer_bytes=1 << 20)
+    doc = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def send() -> str:
+        try:
+            response = await client.send("chat", doc, "m")
+            return str(json.loads(response.body or b"{}")["choices"][0]["finish_reason"])
+        finally:
+            await client.aclose()
+
+    if relayed is not None:
+        assert asyncio.run(send()) == relayed
+        return
+    with pytest.raises(HostedError) as refused:  # before: "stop", a 200
+        asyncio.run(send())
+    assert (refused.value.kind, type(refused.value)) == ("protocol", Unfinished)

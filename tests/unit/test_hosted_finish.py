@@ -1,6 +1,7 @@
 """Which whole hosted answers `unfinished` (gateway/upstream/hosted_finish.py) reads as left
 without the provider's finish reason, table-driven: OpenAI's wire and Anthropic's are
-judged; any other shape, or no answer kept, is not (LiteLLM's "stop" stands there); and
+judged, and Gemini's and Bedrock Converse's; any other shape (Cohere's), or no answer kept,
+is not (LiteLLM's "stop" stands there); and
 which `short_of` reads as holding fewer or other choices than asked."""
 
 from __future__ import annotations
@@ -10,11 +11,23 @@ from typing import Any
 
 import pytest
 
+from gateway.upstream.anthropic_stops import relabeled
 from gateway.upstream.hosted_finish import short_of, unfinished
 
 
 def body(doc: Any) -> bytes:
     return json.dumps(doc).encode()
+
+
+def gemini(*reasons: str | None) -> bytes:
+    candidates: list[dict[str, Any]] = [
+        {"content": {}, "index": i, "finishReason": r} for i, r in enumerate(reasons)
+    ]
+    return body({"candidates": candidates})
+
+
+def converse(reason: str | None) -> bytes:
+    return body({"output": {"message": {"role": "assistant", "content": []}}, "stopReason": reason})
 
 
 def choices(*reasons: Any) -> bytes:
@@ -46,7 +59,23 @@ def choices(*reasons: Any) -> bytes:
             ),
             False,
         ),
-        (body({"candidates": [{"content": {}}]}), False),  # Gemini: not judged
+        (gemini("STOP"), False),
+        (gemini("MAX_TOKENS"), False),
+        (gemini("SAFETY"), False),
+        (gemini(None), True),  # LiteLLM's "stop" for none
+        (body({"candidates": [{"content": {}}]}), True),
+        (gemini("MALFORMED_FUNCTION_CALL"), True),  # LiteLLM's "stop"
+        (gemini("FINISH_REASON_UNSPECIFIED"), True),
+        (gemini("A_REASON_FROM_NEXT_YEAR"), True),
+        (gemini("STOP", None), True),
+        (body({"candidates": [], "promptFeedback": {"blockReason": "SAFETY"}}), False),
+        (converse("end_turn"), False),
+        (converse("tool_use"), False),
+        (converse("guardrail_intervened"), False),
+        (converse("model_context_window_exceeded"), False),  # relayed as length
+        (converse(None), True),
+        (converse("a_reason_from_next_year"), True),
+        (body({"finish_reason": "ERROR", "message": {}}), False),  # Cohere: not judged
         (body({"object": "response", "output": []}), False),  # Responses API: not judged
         (body({"choices": []}), False),  # no choice to judge
         (body([1, 2]), False),
@@ -64,6 +93,26 @@ def test_a_paused_turn_is_named_and_no_other_reason_of_the_provider_is() -> None
     assert unfinished(paused) == "paused its turn (pause_turn: unfinished)"
     made_up = body({"type": "message", "content": [], "stop_reason": "CANARY-7f3"})
     assert "CANARY" not in (unfinished(made_up) or "CANARY")
+    assert "CANARY" not in (unfinished(gemini("CANARY-7f3")) or "CANARY")
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            body(
+                {"type": "message", "content": [], "stop_reason": "model_context_window_exceeded"}
+            ),
+            "length",
+        ),
+        (converse("model_context_window_exceeded"), "length"),
+        (converse("end_turn"), None),
+        (body({"type": "message", "content": [], "stop_reason": "max_tokens"}), None),
+        (None, None),
+    ],
+)
+def test_relabeled(answer: bytes | None, reason: str | None) -> None:
+    assert relabeled(answer) == reason
 
 
 @pytest.mark.parametrize(
