@@ -9,7 +9,10 @@ tests/vectors/server_fields/README.md names, is the OpenAI API's own (`COMMON_FI
 `OPENAI_FIELDS`), refused there (or by gateway/api/control_fields.py), or listed here
 (tests/unit/test_server_field_drift.py checks it, so a field a new release adds fails
 that test until someone reads what the server does with it). Nothing here is read at run
-time: a field's entry is a decision, with its reason.
+time: a field's entry is a decision, with its reason. A hosted provider is sent none of
+these but the OpenAI API's own: gateway/upstream/unsent_fields.py refuses each that asks
+for something, by name (tests/unit/test_hosted_request_fields.py fails for an entry added
+here that is not listed there).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from functools import partial
 from types import ModuleType
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from gateway.config.schema import BackendSettings
 from gateway.upstream import openai_wire
@@ -36,27 +36,18 @@ from gateway.upstream.hosted_errors import (
     hosted_error,
     local_reason,
 )
-from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
-from gateway.upstream.hosted_finish import Unfinished, unfinished
-from gateway.upstream.hosted_libraries import BOTO3_ROUTES
+from gateway.upstream.hosted_finish import Unfinished, relabel, short_of, unfinished
+from gateway.upstream.hosted_prepare import Prepared, prepare_request
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
-from gateway.upstream.hosted_support import SupportTable, not_valid
+from gateway.upstream.hosted_support import SupportTable
 from gateway.upstream.hosted_transport import Outbound, deadline_mover, watching
-from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.litellm_runtime import (
     aclose_litellm_clients,
-    aload_litellm,
     check_base_url_environment,
     no_redirect_http_client,
 )
-from gateway.upstream.media_urls import (
-    Resolver,
-    check_embedding_input,
-    check_media_urls,
-    tenant_resolver,
-)
-from gateway.upstream.openai_request import request_params
+from gateway.upstream.media_urls import Resolver, tenant_resolver
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.provider_regions import pinned_regions
 from gateway.upstream.text_client import lending
@@ -83,31 +74,8 @@ _CALLS: Final[dict[str, str]] = {
 # OpenAI-compatible server's model, lost it on chat (never on completions). The gateway
 # forwards it (the tenant's digest, tenant_ids.py), as docs/api.md says, on these routes.
 _USER_ROUTES: Final = frozenset({"openai", "custom_openai", "openai_like"})
-# Routes LiteLLM 1.108.7 serves only synchronously (in a worker thread): it cannot stream
-# them (its async wrapper iterates their sync generator as an async one and fails after
-# the request went out), and the failed stream's provider connection was never closed, so
-# each streamed request held one open (a tenant repeating them ran the process out of
-# descriptors). A stream to them is refused unsent. `amazon_nova` is one: its handler is
-# maritalk's (`openai_like_chat_completion.completion`, never told `acompletion`); so is
-# `custom` (a POST on LiteLLM's module-level sync client), whose stream was sent and
-# then failed, each failure charging the backend's breaker: one tenant's streams made
-# the backend "failed moments ago" for every tenant.
-_SYNC_ONLY_ROUTES: Final = frozenset(
-    {"maritalk", "amazon_nova", "custom", "oobabooga", "nlp_cloud", "petals"}
-)
 _JSON: Final = b"application/json"
 _SSE: Final = b"text/event-stream"
-
-
-class Prepared(NamedTuple):
-    """A request `HostedClient.prepare` checked for one provider, ready to send."""
-
-    endpoint: Endpoint
-    doc: dict[str, Any]
-    params: dict[str, Any]
-    ignored: tuple[str, ...]
-    provider_model: str
-    litellm: ModuleType  # loaded: sending cannot fail to load it
 
 
 def hosted_api_key(backend: BackendSettings, environ: Mapping[str, str]) -> str | None:
@@ -185,43 +153,25 @@ class HostedClient:
     async def prepare(
         self, endpoint: Endpoint, doc: dict[str, Any], upstream_model: str, tenant: str = ""
     ) -> Prepared:
-        """The request as this provider gets it, checked without sending anything: its
-        OpenAI shape (gateway/upstream/openai_shapes.py), what the provider would do
-        beyond answering (hosted_fields.py), URLs an adapter would fetch from here and
-        stored objects it would read (media_urls.py). A refused request raises
-        `HostedError` ("status", 400, "not sent"); then LiteLLM is loaded (else
-        `HostedUnavailable`), and a chat field its adapter would drop unsaid is refused
-        the same way (hosted_support.py)."""
+        """The request as this provider gets it, checked without sending anything
+        (gateway/upstream/hosted_prepare.py): a refused request raises `HostedError`
+        ("status", 400, "not sent"), LiteLLM failing to load `HostedUnavailable`."""
         provider_model = self._models.get(upstream_model)
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
-        try:
-            if endpoint == "chat":  # what the provider would do beyond answering
-                refuse_provider_actions(doc)
-            params, ignored = request_params(endpoint, doc)
-            route = provider_model.partition("/")[0]
-            if params.get("stream") and route in _SYNC_ONLY_ROUTES:
-                raise InvalidField("stream", "false for this provider's route (no streams)")
-            if (endpoint, route) in BOTO3_ROUTES:
-                raise InvalidField("model", BOTO3_ROUTES[endpoint, route])
-            if endpoint == "chat":  # URLs an adapter would fetch from here
-                provider = provider_model.split("/", 1)[0] if "/" in provider_model else ""
-                resolve = self._resolve(tenant)  # its lookups hold its part of the threads
-                await check_media_urls(params, provider or self.provider, resolve)
-            elif endpoint == "embeddings":  # objects an adapter would read from the account
-                check_embedding_input(params)
-        except (InvalidField, RefusedField) as exc:
-            raise not_valid(self.provider, exc) from None
-        try:
-            litellm = await aload_litellm()
-        except Exception as exc:  # whatever the import raised: the gateway's own failure
-            raise HostedUnavailable(type(exc).__name__[:80]) from exc
-        self._support.check(litellm, endpoint, params, provider_model)  # HostedError, 400
-        return Prepared(endpoint, doc, params, ignored, provider_model, litellm)
+        resolve = partial(self._resolve, tenant)
+        return await prepare_request(
+            endpoint,
+            doc,
+            provider_model,
+            provider=self.provider,
+            resolve=resolve,
+            support=self._support,
+        )
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
         """Call the provider with a request `prepare` checked."""
-        endpoint, doc, params, ignored, provider_model, litellm = prepared
+        endpoint, doc, params, provider_model, litellm = prepared
         # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
         # A stream's head and first chunk by the first-byte timeout, as a private
         # backend's (`limits.first_byte_timeout_s`): LiteLLM's own `timeout` is each read's,
@@ -234,15 +184,19 @@ class HostedClient:
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):
-            if endpoint != "embeddings" and unfinished(outbound.answer):  # LiteLLM's "stop"
-                raise Unfinished(self.provider)
+            why = None if endpoint == "embeddings" else unfinished(outbound.answer)
+            if why is not None:  # LiteLLM's "stop"
+                raise Unfinished(self.provider, why)
+            relabel(result, outbound.answer)
             encode = partial(openai_wire.encode_response, endpoint, result)
             body, usage = encoded(self.provider, encode)
+            short = short_of(endpoint, params, body, outbound.answer)
+            if short is not None:  # fewer or other choices than asked
+                raise Unfinished(self.provider, short)
             return HostedResponse(
                 content_type=_JSON,
                 body=body,
                 usage=usage,
-                ignored_fields=ignored,
                 provider_ids=provider_ids(result, result),
             )
         stream = ProviderStream(
@@ -256,7 +210,6 @@ class HostedClient:
         )
         return HostedResponse(
             content_type=_SSE,
-            ignored_fields=ignored,
             stream=stream,
             provider_ids=provider_ids(first, result),
         )

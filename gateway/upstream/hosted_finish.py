@@ -1,4 +1,5 @@
-"""Whether a hosted provider's whole answer ended without a finish reason of its own.
+"""Whether a hosted provider's whole answer is complete: a finish reason of its own
+(`unfinished`), and one choice for each the client asked for (`short_of`).
 
 LiteLLM 1.108.7 writes `"stop"` into a whole answer's choice whose provider gave no finish
 reason or `null` (`convert_to_model_response_object` on OpenAI's wire; its `Choices`
@@ -11,55 +12,200 @@ The provider's own bytes are read by the gateway's bounded read
 
 - OpenAI's (OpenAI, Azure, Mistral, every OpenAI-compatible server): each of `choices`
   has a `finish_reason` (or the legacy `finish_details` LiteLLM also reads), not null;
-- Anthropic's Messages (`"type": "message"`): a `stop_reason`, not null.
+- Anthropic's Messages (`"type": "message"`): a `stop_reason` that ends the turn, not
+  null, nor `pause_turn` or another LiteLLM would relay as `"stop"` (anthropic_stops.py,
+  whose `relabel` also gives `model_context_window_exceeded` its `length`).
 
-Another format (Gemini, Bedrock, Cohere, a Responses API answer LiteLLM bridged), an
-answer that is not a JSON object, or none read (no `limits.max_response_bytes`) is not
-judged: LiteLLM's `"stop"` may still stand in for nothing there (docs/security.md).
+- Gemini's and Vertex AI's (`candidates`): each a `finishReason` that ends the answer
+  (`_GEMINI_FINISHED`: not null, nor `MALFORMED_FUNCTION_CALL` and the others LiteLLM
+  relays as `"stop"`);
+- Bedrock Converse's (`output`, `stopReason`): a `stopReason` that ends it.
+
+Another format (Cohere's, a Responses API answer LiteLLM bridged), an answer that is not
+a JSON object, or none read (no `limits.max_response_bytes`) is not judged: LiteLLM's
+`"stop"` may still stand in for nothing there (docs/security.md).
 Costs one more parse of a whole hosted answer (bounded by `max_response_bytes`).
+
+LiteLLM relays the choices the provider sent, as many as it sent, and renumbers a chat's
+by their place (`convert_to_model_response_object`): a provider that answered `n: 2`
+with one choice, or two both numbered 0, was relayed as a 200 the client could not tell
+from a full answer, and the completion record committed to it. `short_of` says why an
+answer is not one choice for each asked (`n` for each prompt of a text completion), each
+index from 0 once, or one embedding for each input: in the body the client would get,
+and, where it was read and has OpenAI's shape, in the provider's own. Such an answer is
+the provider's failure as well (`Unfinished`, 502 as the last attempt).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Final
 
 import orjson
 
+from gateway.upstream.anthropic_stops import relabeled, unfinished_stop
 from gateway.upstream.hosted_errors import HostedError
 
-__all__ = ["Unfinished", "unfinished"]
+__all__ = ["Unfinished", "relabel", "short_of", "unfinished"]
+
+_NO_REASON: Final = "ended without a finish reason (unfinished)"
+_NOT_ENDED: Final = "ended for a reason that does not finish it (unfinished)"
+# Gemini's and Vertex AI's `finishReason`s that end an answer, as LiteLLM 1.108.7 relays
+# them (`map_finish_reason`: `stop`, `length`, `content_filter`). Not among them, and so
+# unfinished: a null one or none (LiteLLM's `"stop"`), `FINISH_REASON_UNSPECIFIED`,
+# `MALFORMED_FUNCTION_CALL`, `UNEXPECTED_TOOL_CALL`, `TOO_MANY_TOOL_CALLS`,
+# `MALFORMED_RESPONSE`, `MISSING_THOUGHT_SIGNATURE` (each relayed as `"stop"`, a
+# complete answer, though the model's output was cut or malformed) and any reason unknown.
+_GEMINI_FINISHED: Final = frozenset(
+    {
+        "STOP",
+        "MAX_TOKENS",
+        "CONTINUATION",
+        "SAFETY",
+        "RECITATION",
+        "LANGUAGE",
+        "OTHER",
+        "BLOCKLIST",
+        "PROHIBITED_CONTENT",
+        "SPII",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "IMAGE_RECITATION",
+        "IMAGE_OTHER",
+        "NO_IMAGE",
+        "ESCALATION",
+    }
+)
+# Bedrock Converse's `stopReason`s that end an answer; `model_context_window_exceeded`
+# (LiteLLM's `"stop"`) is relayed as `length` (anthropic_stops.py `relabeled`).
+_CONVERSE_FINISHED: Final = frozenset(
+    {
+        "end_turn",
+        "tool_use",
+        "max_tokens",
+        "stop_sequence",
+        "guardrail_intervened",
+        "content_filtered",
+        "model_context_window_exceeded",
+    }
+)
 
 
 class Unfinished(HostedError):
-    """A whole answer its provider gave no finish reason: the provider's failure
+    """A whole answer its provider did not finish (`why`: by default, it gave no finish
+    reason) or that holds fewer or other choices than asked: the provider's failure
     (`protocol`: another backend may serve, the breaker is charged), 502 `upstream_error`
-    when it was the last attempt (gateway/api/hosted_failures.py)."""
+    when it was the last attempt (gateway/api/hosted_failures.py). `why` is the gateway's
+    words and counts only, never the answer's content."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, why: str = _NO_REASON) -> None:
         super().__init__(
-            "protocol",
-            f"{provider} answered without a finish reason",
-            public="the provider's answer ended without a finish reason (unfinished)",
+            "protocol", f"{provider}'s answer {why}", public=f"the provider's answer {why}"
         )
 
 
-def unfinished(answer: bytes | None) -> bool:
-    """Whether `answer` (a provider's whole 2xx body) is, in a format named above, one
-    whose provider gave no finish reason: for a choice of OpenAI's wire, or Anthropic's."""
+def unfinished(answer: bytes | None) -> str | None:
+    """Why `answer` (a provider's whole 2xx body) is, in a format named above, one whose
+    provider did not finish it: a choice of OpenAI's wire without a finish reason, or an
+    Anthropic answer whose `stop_reason` ends no turn (gateway/upstream/anthropic_stops.py);
+    None when it finished or is not judged."""
     if not answer:
-        return False
+        return None
     try:
         doc: Any = orjson.loads(answer)
     except orjson.JSONDecodeError:
-        return False
+        return None
     if not isinstance(doc, dict):
-        return False
+        return None
     choices = doc.get("choices")
     if isinstance(choices, list) and choices:
-        return any(
+        if any(
             not isinstance(c, dict) or (c.get("finish_reason") or c.get("finish_details")) is None
             for c in choices
-        )
+        ):
+            return _NO_REASON
+        return None
     if doc.get("type") == "message" and "content" in doc:
-        return doc.get("stop_reason") is None
-    return False
+        return unfinished_stop(doc.get("stop_reason"))
+    candidates = doc.get("candidates")
+    if isinstance(candidates, list) and candidates:  # Gemini's, Vertex AI's
+        reasons = [c.get("finishReason") if isinstance(c, dict) else None for c in candidates]
+        return _not_finished(reasons, _GEMINI_FINISHED)
+    if isinstance(doc.get("output"), dict) and "stopReason" in doc:  # Bedrock's Converse
+        return _not_finished([doc["stopReason"]], _CONVERSE_FINISHED)
+    return None
+
+
+def _not_finished(reasons: list[object], finished: frozenset[str]) -> str | None:
+    """Why an answer whose candidates ended for `reasons` is unfinished, if one of them is
+    null or not among those `finished`."""
+    if any(reason is None for reason in reasons):
+        return _NO_REASON
+    if not all(isinstance(reason, str) and reason in finished for reason in reasons):
+        return _NOT_ENDED
+    return None
+
+
+def relabel(result: Any, answer: bytes | None) -> None:
+    """Give `result` (LiteLLM's whole chat answer) the finish reason its provider's raw
+    `answer` says where LiteLLM's says otherwise (anthropic_stops.py `relabeled`)."""
+    reason = relabeled(answer)
+    choices = getattr(result, "choices", None)
+    if reason is not None and isinstance(choices, list) and len(choices) == 1:
+        choices[0].finish_reason = reason
+
+
+def short_of(
+    endpoint: str, params: Mapping[str, Any], body: bytes, answer: bytes | None
+) -> str | None:
+    """Why `body` (the OpenAI JSON the client would get) or `answer` (the provider's own,
+    when read and of OpenAI's shape) is not one item for each the client asked for, each
+    numbered from 0 once; None when it is."""
+    key = "data" if endpoint == "embeddings" else "choices"
+    asked = _asked(endpoint, params)
+    for doc, own in ((body, False), (answer, True)):
+        found = _indices(doc, key, required=not own)
+        if found is None or sorted(found) == list(range(asked)):
+            continue
+        noun = "embedding(s)" if endpoint == "embeddings" else "choice(s)"
+        if len(found) != asked:
+            return f"held {len(found)} {noun} where {asked} were asked (incomplete)"
+        return f"numbered its {noun} other than 0 to {asked - 1}, each once (incomplete)"
+    return None
+
+
+def _asked(endpoint: str, params: Mapping[str, Any]) -> int:
+    """How many choices (or embeddings) `params` ask for: `n` (else 1) for each prompt."""
+    if endpoint == "embeddings":
+        return _inputs(params.get("input"))
+    n = params.get("n")
+    each = n if isinstance(n, int) and not isinstance(n, bool) else 1
+    return each * (_inputs(params.get("prompt")) if endpoint == "completions" else 1)
+
+
+def _inputs(value: Any) -> int:
+    """The prompts (or inputs) in `value`: a string or one token array is one, a list of
+    strings or of token arrays one each."""
+    if isinstance(value, list) and value and not all(isinstance(v, int) for v in value):
+        return len(value)
+    return 1
+
+
+def _indices(doc: bytes | None, key: str, *, required: bool) -> list[int] | None:
+    """The `index` of each item of `doc`'s `key` list (`_index`); None when `doc` has no
+    such list and need not have one (`required` false: the provider's own answer)."""
+    try:
+        parsed: Any = orjson.loads(doc) if doc else None
+    except orjson.JSONDecodeError:
+        parsed = None
+    items = parsed.get(key) if isinstance(parsed, dict) else None
+    if not isinstance(items, list):
+        return [] if required else None
+    return [_index(item, place, required) for place, item in enumerate(items)]
+
+
+def _index(item: Any, place: int, required: bool) -> int:
+    """`item`'s integer `index`; where it has none, -1, or its place when the index is
+    not `required` (LiteLLM numbers a provider's unnumbered choices by their place)."""
+    index = item.get("index", None if required else place) if isinstance(item, dict) else None
+    return index if type(index) is int else -1

@@ -20,7 +20,7 @@ class HostedResponse:
     `aclose()` when the client goes away (it closes the provider connection, which stops
     the provider's work) and after the relay in any case. `usage` holds the token counts
     once the provider reported them, even when the client did not ask for the usage
-    chunk. `ignored_fields` names request fields not sent.
+    chunk.
     """
 
     def __init__(
@@ -29,7 +29,6 @@ class HostedResponse:
         content_type: bytes,
         body: bytes | None = None,
         usage: dict[str, int] | None = None,
-        ignored_fields: tuple[str, ...] = (),
         stream: ProviderStream | None = None,
         provider_ids: tuple[object, list[tuple[str, str]], object] = (None, [], None),
     ) -> None:
@@ -37,7 +36,6 @@ class HostedResponse:
         self.content_type = content_type
         self.body = body
         self.usage = usage
-        self.ignored_fields = ignored_fields
         self._stream = stream
         self._ids = provider_ids
 

@@ -1,4 +1,4 @@
-"""Chat fields a hosted provider's LiteLLM adapter would drop unsaid: refused instead.
+"""Request fields a hosted provider's LiteLLM adapter would drop unsaid: refused instead.
 
 The gateway calls LiteLLM with `drop_params=True` (gateway/upstream/hosted.py), so a
 field the provider's adapter does not take is left out of the call without a word:
@@ -26,8 +26,20 @@ the table is kept per model and route: before, `seed` with `stop` was dropped un
 Grok and GPT 5.6 and newer on Bedrock list `stop` but both routes drop it
 (`bedrock_rejects_stop_sequences`: AWS refuses it for them): refused as not taken.
 
+Text completions and embeddings lost fields the same way. LiteLLM sends a text completion
+to the provider's `/completions` only on OpenAI-style text routes (`openai/<a model not in
+its chat catalog>`, `text-completion-openai/`, `azure_text/`, `text-completion-codestral/`
+and the OpenAI-compatible servers it lists); on any other it asks the provider's chat
+adapter, which drops as for a chat (`seed` and `n` to Anthropic were left out): such a
+request is judged by the chat table. An embeddings request's `dimensions` was dropped for
+a model LiteLLM does not think takes it (`openai/<not text-embedding-3>`, Mistral): it is
+refused there, by LiteLLM's own mapping (`get_optional_params_embeddings`, asked once per
+model: a pure function). `encoding_format` is not judged: an adapter that drops it
+(Gemini, Vertex AI) answers floats, which the answer itself shows (and the OpenAI SDK
+reads either), and `user` is advisory.
+
 Not covered (docs/security.md): a value LiteLLM's adapter drops though the field is
-supported (`temperature` other than 1 on `openai/gpt-5`), text completions and embeddings.
+supported (`temperature` other than 1 on `openai/gpt-5`).
 """
 
 from __future__ import annotations
@@ -105,19 +117,38 @@ class SupportTable:
         self._dropped: dict[tuple[str, str | None], frozenset[str]] = {}
         # provider_model -> LiteLLM's route for a request's params, where it varies by them
         self._routed: dict[str, Callable[[Mapping[str, Any]], str] | None] = {}
+        # provider_model -> whether LiteLLM sends a text completion to it as a chat
+        self._chatted: dict[str, bool] = {}
+        # provider_model -> whether LiteLLM leaves an embeddings request's `dimensions` out
+        self._undimensioned: dict[str, bool] = {}
 
     def check(
         self, litellm: ModuleType, endpoint: str, params: Mapping[str, Any], provider_model: str
     ) -> None:
-        """Raise `HostedError` (`not_valid`: 400, nothing sent) for the first of a chat
+        """Raise `HostedError` (`not_valid`: 400, nothing sent) for the first of a
         request's `params` the provider's adapter would drop, unless it is advisory or at
-        its default."""
-        if endpoint != "chat":
-            return
+        its default: a chat's, a text completion's LiteLLM sends as a chat, an embeddings
+        request's `dimensions`."""
         try:
-            self._refuse_dropped(litellm, params, provider_model)
+            if endpoint == "chat" or (
+                endpoint == "completions" and self._as_chat(litellm, provider_model)
+            ):
+                self._refuse_dropped(litellm, params, provider_model)
+            elif endpoint == "embeddings" and "dimensions" in params:
+                if self._undimensioned.get(provider_model) is None:
+                    undimensioned = drops_dimensions(litellm, provider_model, self._api_base)
+                    self._undimensioned[provider_model] = undimensioned
+                if self._undimensioned[provider_model]:
+                    raise RefusedField("dimensions", _WHY)
         except RefusedField as exc:
             raise not_valid(self._provider, exc) from None
+
+    def _as_chat(self, litellm: ModuleType, provider_model: str) -> bool:
+        if provider_model not in self._chatted:
+            self._chatted[provider_model] = completes_as_chat(
+                litellm, provider_model, self._api_base
+            )
+        return self._chatted[provider_model]
 
     def _refuse_dropped(
         self, litellm: ModuleType, params: Mapping[str, Any], provider_model: str
@@ -162,6 +193,42 @@ def bedrock_router(
     except Exception:  # noqa: BLE001 - as in `dropped_fields`: the call is refused unsent
         return None
     return partial(bedrock.bedrock_route_for_request, model, additional_drop_params=None)
+
+
+# LiteLLM 1.108.7's text-completion routes (`text_completion` in its main.py, with the
+# OpenAI-compatible servers of `openai_text_completion_compatible_providers`).
+_TEXT_ROUTES: Final = frozenset(
+    {"text-completion-openai", "text-completion-codestral", "azure_text"}
+)
+
+
+def completes_as_chat(litellm: ModuleType, provider_model: str, api_base: str | None) -> bool:
+    """Whether LiteLLM sends a text completion for `provider_model` to the provider's chat
+    adapter (its fields then mapped as a chat's), not to an OpenAI-style `/completions`."""
+    try:
+        model, provider, _, _ = litellm.get_llm_provider(provider_model, api_base=api_base)
+        if provider == "openai":
+            return model in litellm.open_ai_chat_completion_models
+        text = _TEXT_ROUTES.union(litellm.openai_text_completion_compatible_providers)
+    except Exception:  # noqa: BLE001 - an unknown model: the call itself is refused unsent
+        return False
+    return provider not in text
+
+
+def drops_dimensions(litellm: ModuleType, provider_model: str, api_base: str | None) -> bool:
+    """Whether LiteLLM's embeddings mapping for `provider_model` leaves `dimensions` out
+    (`get_optional_params_embeddings`, pure: asked with and without it)."""
+    try:
+        model, provider, _, _ = litellm.get_llm_provider(provider_model, api_base=api_base)
+        mapping = partial(
+            litellm.utils.get_optional_params_embeddings,
+            model=model,
+            custom_llm_provider=provider,
+            drop_params=True,
+        )
+        return bool(mapping() == mapping(dimensions=256))
+    except Exception:  # noqa: BLE001 - as in `dropped_fields`: the call fails the same way
+        return False
 
 
 def _at_default(name: str, value: Any) -> bool:

@@ -4,11 +4,10 @@ Only the OpenAI API's documented request fields become LiteLLM arguments, each b
 name. LiteLLM's keyword arguments are also its control channel (`api_base`, `api_key`,
 `extra_headers`, `metadata`, `mock_response`, `fallbacks`, ...), so a client field outside
 the allowlist could redirect the call, with the gateway's provider key, to a server of the
-client's choosing. Other fields are therefore not sent, and their names are reported back
-so the gateway can say so; but a field of the inference servers' own APIs that constrains
-or changes the answer (`ANSWER_FIELDS`: vLLM's `guided_json`, llama.cpp's `grammar`,
-`top_k`, `min_tokens`, ...) is refused (`RefusedField`), not left out: a private backend
-honours it, and a hosted answer made without it would not be what the client asked for.
+client's choosing. Other fields are therefore not sent; and since an answer made without
+a field the client sent would not be what it asked for, and nothing would tell it so, such
+a field is refused (`RefusedField`: 400 naming it, nothing sent) unless it asks for
+nothing (gateway/upstream/unsent_fields.py).
 The fields sent must have the JSON type the API documents, and their objects the
 documented shape (gateway/upstream/openai_shapes.py; `InvalidField`
 otherwise): LiteLLM fails on a wrong type in ways that look like a provider failure.
@@ -19,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.upstream.hosted_fields import RefusedField
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_shapes import check_shapes
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.schema_refs import check_schema_refs
+from gateway.upstream.unsent_fields import refuse_unsent
 
-__all__ = ["ANSWER_FIELDS", "forwarded_fields", "request_params"]
+__all__ = ["forwarded_fields", "request_params"]
 
 # From the OpenAI API reference: "Create chat completion", "Create completion" (legacy),
 # "Create embeddings". `model` is set by the gateway and `stream` from the document's
@@ -85,99 +84,6 @@ _ONE_CHOICE_STREAMS: Final = (
     "1 on a stream from a hosted provider (its adapter relays one choice's finish reason); "
     "ask without `stream` for several choices"
 )
-# The keys of `stream_options` sent on (the same reference). The gateway always sets
-# `include_usage` (it accounts for tokens; `encode_chunk` keeps the usage chunk from a client
-# that did not ask). Any other key is left out, as a top-level field outside the
-# allowlist is, and reported as `stream_options.<key>`: the object reaches LiteLLM's own
-# keyword arguments, and OpenAI's `include_obfuscation` only pads the chunks LiteLLM
-# re-encodes anyway.
-_STREAM_OPTIONS: Final = frozenset({"include_usage"})
-# Fields of vLLM's, SGLang's and llama.cpp's own request APIs (no OpenAI field) that
-# constrain or change a generated answer: structured output and sampling. A private backend
-# gets them byte for byte and honours them; LiteLLM would not be given them (they are not
-# in the allowlist), so a client failed over with `guided_json` got unconstrained text, and
-# a 200. Refused for chat and completions when not null (`RefusedField`: 400, not sent);
-# other fields outside the allowlist stay left out. The names are this list's, never echoed
-# from the client's document.
-ANSWER_FIELDS: Final = frozenset(
-    {
-        # structured output: vLLM (guided_* before 0.11, then structured_outputs),
-        # SGLang, llama.cpp
-        "guided_json",
-        "guided_regex",
-        "guided_choice",
-        "guided_grammar",
-        "guided_decoding_backend",
-        "guided_whitespace_pattern",
-        "structured_outputs",
-        "regex",
-        "json_schema",
-        "ebnf",
-        "grammar",
-        # sampling: vLLM's SamplingParams, SGLang's sampling_params, llama.cpp's server
-        "top_k",
-        "min_p",
-        "typical_p",
-        "top_n_sigma",
-        "repetition_penalty",
-        "repeat_penalty",
-        "repeat_last_n",
-        "length_penalty",
-        "use_beam_search",
-        "allowed_token_ids",
-        "bad_words",
-        "mirostat",
-        "mirostat_tau",
-        "mirostat_eta",
-        "dynatemp_range",
-        "dynatemp_exponent",
-        "dry_multiplier",
-        "dry_base",
-        "dry_allowed_length",
-        "dry_penalty_last_n",
-        "dry_sequence_breakers",
-        "xtc_probability",
-        "xtc_threshold",
-        "samplers",
-        # stopping and length
-        "min_tokens",
-        "n_predict",
-        "stop_token_ids",
-        "stop_regex",
-        "ignore_eos",
-        "include_stop_str_in_output",
-        "no_stop_trim",
-    }
-)
-# Values of those fields that ask for nothing a hosted provider does not do anyway (the
-# sampler or limit switched off, an empty list): left out as before, not refused, so a
-# client library that always sends its defaults is still served on failover. A bool is
-# never read as 0 or 1.
-_ASKS_NOTHING: Final[dict[str, tuple[object, ...]]] = {
-    "top_k": (-1, 0),
-    "min_p": (0,),
-    "typical_p": (1,),
-    "repetition_penalty": (1,),
-    "repeat_penalty": (1,),
-    "length_penalty": (1,),
-    "use_beam_search": (False,),
-    "min_tokens": (0,),
-    "n_predict": (-1,),
-    "ignore_eos": (False,),
-    "include_stop_str_in_output": (False,),
-    "no_stop_trim": (False,),
-    "mirostat": (0,),
-    "dynatemp_range": (0,),
-    "dry_multiplier": (0,),
-    "xtc_probability": (0,),
-    "stop_token_ids": ([],),
-    "allowed_token_ids": ([],),
-    "bad_words": ([],),
-}
-_ANSWER_WHY: Final = (
-    "an inference server's own field that constrains or changes the answer, which a hosted "
-    "provider is not given (it would answer without it)"
-)
 # The field each endpoint requires (the same reference). LiteLLM 1.108.7 calls a text
 # completion without `prompt` and fails on its own (`APIConnectionError`), which read as
 # the provider failing: 503 and the next backend tried, for the client's mistake.
@@ -228,21 +134,24 @@ _TYPE_NAMES: Final = {
 }
 
 
+# The OpenAI API's field names, of every endpoint: a refusal may name them (unsent_fields.py).
+_KNOWN: Final = frozenset().union(*_FIELDS.values())
+
+
 def forwarded_fields(endpoint: Endpoint) -> frozenset[str]:
     """The client's fields a hosted call of `endpoint` may send (the allowlist above)."""
     return _FIELDS[endpoint]
 
 
-def request_params(
-    endpoint: Endpoint, doc: Mapping[str, Any]
-) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """LiteLLM arguments for the client's document, and the names of fields left out.
+def request_params(endpoint: Endpoint, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """LiteLLM arguments for the client's document.
 
-    Raises `RefusedField` for a non-null `ANSWER_FIELDS` field of a chat or completion,
-    `InvalidField` for a field of the wrong JSON type, a malformed message, a
-    missing required field (`messages`, `prompt`, `input`), or a schema whose `$ref`s
-    would expand past `schema_refs.MAX_INLINED` values, or a stream of several choices
-    (`n` > 1: `_ONE_CHOICE_STREAMS`).
+    Raises `RefusedField` for a field outside the allowlist, or a key of `stream_options`
+    but `include_usage`, that asks for something (unsent_fields.py `refuse_unsent`);
+    `InvalidField` for a field of the wrong JSON type, a malformed message, a missing
+    required field (`messages`, `prompt`, `input`), a schema whose `$ref`s would expand
+    past `schema_refs.MAX_INLINED` values, or a stream of several choices (`n` > 1:
+    `_ONE_CHOICE_STREAMS`).
     Streams always ask the provider for usage (`stream_options.include_usage`): the
     gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
     from clients that did not ask for it. No other `stream_options` key is sent.
@@ -256,28 +165,13 @@ def request_params(
         _check_type(name, value, _TYPES.get(name))
     check_shapes(endpoint, params)
     check_schema_refs(params)  # `$ref`s an adapter inlines: bounded (schema_refs.py)
-    ignored = [k for k in doc if k not in allowed and k not in _HANDLED]
-    if endpoint != "embeddings":
-        for name in sorted(ANSWER_FIELDS.intersection(ignored)):
-            if doc[name] is not None and not _asks_nothing(name, doc[name]):
-                raise RefusedField(name, _ANSWER_WHY)
-    options = doc.get("stream_options")
-    if isinstance(options, dict):
-        ignored += [f"stream_options.{k}" for k in options if k not in _STREAM_OPTIONS]
+    refuse_unsent(endpoint, doc, allowed | _HANDLED, _KNOWN)
     if endpoint != "embeddings" and doc.get("stream") is True:
         if (params.get("n") or 1) > 1:
             raise InvalidField("n", _ONE_CHOICE_STREAMS)
         params["stream"] = True
         params["stream_options"] = {"include_usage": True}
-    return params, tuple(sorted(ignored))
-
-
-def _asks_nothing(name: str, value: object) -> bool:
-    """Whether `value` of the server field `name` only restates what a hosted provider does."""
-    return any(
-        isinstance(value, bool) is isinstance(off, bool) and value == off
-        for off in _ASKS_NOTHING.get(name, ())
-    )
+    return params
 
 
 def _check_type(param: str, value: Any, types: tuple[type, ...] | None) -> None:

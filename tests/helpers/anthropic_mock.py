@@ -12,7 +12,8 @@ Tests read `received` (what arrived, headers lower-cased) and the counters, and 
 `mock.error = (529, "overloaded_error")`; `error_message` replaces the standard text (a
 real provider sometimes quotes the request back in it). `cut_after = N` ends every
 stream's body after its first N text deltas, cleanly framed but without `message_delta`
-and `message_stop` (a provider that closed the stream early). Run it with
+and `message_stop` (a provider that closed the stream early); `stop_reason = ("pause_turn",)`
+sends that `stop_reason` (or null, `(None,)`) in place of the one the answer earned. Run it with
 `gateway.serving.ServerThread`.
 """
 
@@ -66,6 +67,7 @@ class AnthropicMock:
     error: tuple[int, str] | None = None
     error_message: str | None = None
     cut_after: int | None = None
+    stop_reason: tuple[str | None] | None = None
     received: list[Received] = field(default_factory=list)
     completed: int = 0
     disconnects: int = 0
@@ -77,6 +79,7 @@ class AnthropicMock:
         self.error = None
         self.error_message = None
         self.cut_after = None
+        self.stop_reason = None
         self.received.clear()
         self.completed = 0
         self.disconnects = 0
@@ -131,9 +134,11 @@ class AnthropicMock:
             return 400, "invalid_request_error"
         return self.error
 
-    def _words(self, body: dict[str, Any]) -> tuple[list[str], str]:
+    def _words(self, body: dict[str, Any]) -> tuple[list[str], str | None]:
         words = self.reply.split()
         limit = body["max_tokens"]
+        if self.stop_reason is not None:
+            return words[:limit], self.stop_reason[0]
         return (words[:limit], "max_tokens") if len(words) > limit else (words, "end_turn")
 
     def _message(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -208,6 +208,15 @@ def _requests() -> Iterator[tuple[str, dict[str, str], bytes]]:
                 headers,
                 orjson.dumps({**body, "model": model, "stream": stream}),
             )
+    # A hosted provider refuses the unknown field (unsent_fields.py: 400, its name never
+    # repeated): the same body without it is answered, so a hosted answer is recorded.
+    served = {k: v for k, v in body.items() if k != CANARY}
+    for stream in (False, True):
+        yield (
+            "/v1/chat/completions",
+            headers,
+            orjson.dumps({**served, "model": "hosted-ok", "stream": stream}),
+        )
     chat = orjson.dumps({**body, "model": "ok"})
     for label in (CANARY + '"},{"forged":1', f"phi, {CANARY}", ""):
         yield "/v1/chat/completions", {**headers, "x-data-class": label}, chat

@@ -8,7 +8,7 @@ the provider, the provider gets nothing and the signed log holds a refusal recor
 nothing else; the same request with the field at its default (`n: 1`) is served.
 
 So is an inference server's own field that constrains the answer (vLLM's `guided_json`,
-llama.cpp's `grammar`, `top_k`, ...: gateway/upstream/openai_request.py `ANSWER_FIELDS`)
+llama.cpp's `grammar`, `top_k`, ...: gateway/upstream/unsent_fields.py `ANSWER_FIELDS`)
 when a down private backend fails the request over: LiteLLM is never given it, and the
 client got unconstrained text with a 200.
 """
@@ -25,6 +25,7 @@ from tests.helpers.anthropic_stack import Stack, anthropic_stack
 from tests.helpers.anthropic_stack import chat as ask
 from tests.helpers.gateways import (
     LITELLM_WARNINGS,
+    TENANT_KEY,
     backend,
 )
 from tests.helpers.net import free_port
@@ -90,6 +91,90 @@ def test_the_same_request_at_the_defaults_is_served(stack: Stack) -> None:
     assert len(answer.json()["choices"]) == 1
     (received,) = stack.anthropic.received
     assert "n" not in received.body and "logprobs" not in received.body
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"return_token_ids": True}, "return_token_ids"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+        ({"decoy_field_x": 1}, "(key 4)"),  # a name the gateway does not know: its place
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+        ),
+    ],
+)
+def test_a_field_no_hosted_provider_is_sent_is_refused_unsent(
+    stack: Stack, fields: dict[str, Any], param: str
+) -> None:
+    # It was left out without a word (its name computed, `ignored_fields`, and never
+    # read): the answer made without it was a 200, and the record committed to it.
+    refused = chat(stack, **fields)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert "not sent" in error["message"] and "not a field of this endpoint" in error["message"]
+    assert "decoy" not in refused.text
+    assert stack.anthropic.received == []
+    request_id = refused.headers["x-request-id"]
+    assert {r["type"] for r in request_records(stack.log, request_id)} == {"refusal"}
+
+
+def test_a_text_completion_field_the_provider_would_lose_is_refused_unsent(stack: Stack) -> None:
+    # LiteLLM asks Anthropic's chat adapter for a text completion: it left `seed` out
+    # unsaid, and the answer made without it was a 200.
+    def complete(**fields: Any) -> httpx.Response:
+        stack.anthropic.reset()
+        return httpx.post(
+            f"{stack.url}/v1/completions",
+            json={"model": "m", "prompt": "hi", "max_tokens": 8, **fields},
+            headers={"authorization": f"Bearer {TENANT_KEY}"},
+            timeout=120,
+        )
+
+    assert complete().status_code == 200
+    refused = complete(seed=7)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "seed"
+    assert stack.anthropic.received == []
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {
+            "presence_penalty": 0,
+            "frequency_penalty": 0,
+            "n": 1,
+            "logprobs": False,
+            "user": "end-user-1",
+            "metadata": {"app": "sdk"},
+            "max_tokens": None,
+            "max_completion_tokens": 8,
+            "tools": [TOOL],
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+        },
+        {"response_format": {"type": "json_object"}, "store": False, "metadata": {}},
+        {"stream": True, "stream_options": {"include_usage": True}, "temperature": 0.2},
+    ],
+    ids=["sdk-tools", "json-object", "stream-usage"],
+)
+def test_an_sdk_body_at_its_defaults_is_served(stack: Stack, fields: dict[str, Any]) -> None:
+    # What the OpenAI SDK and LangChain send for honest requests: defaults, advisory
+    # fields (`user`, `metadata`), `tool_choice: "auto"`, JSON mode.
+    answer = chat(stack, **fields)
+    assert answer.status_code == 200, answer.text
+    if fields.get("stream"):
+        assert b"data: [DONE]" in answer.content
+    else:
+        assert answer.json()["choices"][0]["finish_reason"] in {"stop", "length", "tool_calls"}
+    (received,) = stack.anthropic.received
+    assert "metadata" not in received.body or received.body["metadata"] != fields.get("metadata")
 
 
 @pytest.mark.parametrize(

@@ -69,10 +69,12 @@ def last_body(sim: Sim, path: str) -> dict[str, Any]:
 
 def test_only_known_stream_options_reach_the_provider(rig: tuple[Gateway, Sim]) -> None:
     """A client's `stream_options` went to LiteLLM whole: the provider received
-    `{"x": 1, "include_obfuscation": true, ...}`. Now, as for top-level fields outside
-    the allowlist, unknown keys are left out: the provider gets `include_usage` alone."""
+    `{"x": 1, "include_obfuscation": true, ...}`. Now the provider gets `include_usage`
+    alone: `include_obfuscation` (padding) and keys that ask for nothing are left out, and
+    any other key is refused as top-level fields outside the allowlist are
+    (tests/unit/test_hosted_request_fields.py)."""
     gateway, sim = rig
-    options = {"include_usage": False, "x": 1, "include_obfuscation": True}
+    options = {"include_usage": False, "x": None, "include_obfuscation": True}
     for path, doc in (
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
         ("/v1/completions", {"prompt": "hi"}),

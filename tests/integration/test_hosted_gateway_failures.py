@@ -29,7 +29,7 @@ from structlog.testing import capture_logs
 from gateway.app import create_app
 from gateway.serving import ServerThread
 from gateway.sim import SimApp, SimSettings, create_sim_app
-from gateway.upstream import hosted
+from gateway.upstream import hosted_prepare
 from gateway.upstream.hosted import HostedClient
 from tests.helpers.anthropic_mock import AnthropicMock
 from tests.helpers.gateways import (
@@ -120,7 +120,7 @@ def test_litellm_that_fails_to_load_is_a_clear_503_and_tries_no_other_hosted_bac
         loads.append(1)
         raise ImportError(f"No module named 'litellm.proxy_internals' {CANARY}")
 
-    monkeypatch.setattr(hosted, "aload_litellm", broken_load)
+    monkeypatch.setattr(hosted_prepare, "aload_litellm", broken_load)
     stack.anthropic.reset()
     spare_before = stack.spare_requests()
     errors_before = stack.counter(

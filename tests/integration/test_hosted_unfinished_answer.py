@@ -11,94 +11,22 @@ nothing. An answer with the provider's own reason (`stop`, `length`) is served a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from gateway.provenance import write_signing_key
-from tests.helpers.gateways import (
-    HOSTED_ONLY_POLICY,
-    LITELLM_WARNINGS,
-    Gateway,
-    anthropic_backend,
-    hosted_backend,
-)
-from tests.helpers.provenance import request_records
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient, HostedError
+from gateway.upstream.hosted_finish import Unfinished
+from tests.helpers.gateways import LITELLM_WARNINGS, Gateway
+from tests.helpers.hosted_answers import anthropic_answer, ask, openai_answer
 from tests.helpers.raw_backend import Answer, RawBackend, json_answer
 
 pytestmark = LITELLM_WARNINGS
-
-ORIGIN = "test.owngate/unfinished"
-ASK = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
-MESSAGE = {"role": "assistant", "content": "half an ans"}
-
-
-def openai_answer(*choices: dict[str, Any]) -> bytes:
-    numbered = [{"index": i, "message": MESSAGE, **c} for i, c in enumerate(choices)]
-    return json.dumps(
-        {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "m",
-            "choices": numbered,
-            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
-        }
-    ).encode()
-
-
-def anthropic_answer(stop_reason: str | None) -> bytes:
-    return json.dumps(
-        {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-mock-1",
-            "content": [{"type": "text", "text": "half an ans"}],
-            "stop_reason": stop_reason,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 1, "output_tokens": 3},
-        }
-    ).encode()
-
-
-def ask(
-    start_raw: Callable[[Answer], RawBackend],
-    start_gateway: Callable[..., Gateway],
-    tmp_path: Path,
-    body: bytes,
-    anthropic: bool = False,
-) -> tuple[httpx.Response, dict[str, Any]]:
-    """What the client got for `body` from the provider, and the request's completion."""
-    provider = start_raw(json_answer(body))
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
-    write_signing_key(tmp_path / "log.key", ORIGIN)
-    if anthropic:
-        backend = anthropic_backend("hosted", provider.url)
-    else:
-        backend = hosted_backend("hosted", f"{provider.url}/v1", "m")
-    gateway = start_gateway(
-        [backend],
-        environ={"HOSTED_KEY": "sk-test", "MOCK_ANTHROPIC_KEY": "sk-ant-test"},
-        policy={"paths": [str(tmp_path / "policies")]},
-        provenance={
-            "dir": str(tmp_path / "log"),
-            "origin": ORIGIN,
-            "signing_key_file": str(tmp_path / "log.key"),
-            "checkpoint_interval_ms": 20,
-        },
-    )
-    response = httpx.post(
-        f"{gateway.url}/v1/chat/completions", json=ASK, headers=gateway.headers, timeout=60
-    )
-    request_id = response.headers["x-request-id"]
-    (completion,) = request_records(tmp_path / "log", request_id, "completion")
-    return response, completion
 
 
 @pytest.mark.parametrize(
@@ -131,9 +59,11 @@ def test_an_answer_without_the_providers_finish_reason_is_not_relayed_as_finishe
     [
         (openai_answer({"finish_reason": "stop"}), False, "stop"),
         (openai_answer({"finish_reason": "length"}), False, "length"),
+        (openai_answer({"finish_reason": "tool_calls"}), False, "tool_calls"),
+        (openai_answer({"finish_reason": "content_filter"}), False, "content_filter"),
         (anthropic_answer("max_tokens"), True, "length"),
     ],
-    ids=["stop", "length", "anthropic-max-tokens"],
+    ids=["stop", "length", "tool-calls", "content-filter", "anthropic-max-tokens"],
 )
 def test_an_answer_with_the_providers_finish_reason_is_served(
     start_raw: Callable[[Answer], RawBackend],
@@ -147,3 +77,57 @@ def test_an_answer_with_the_providers_finish_reason_is_served(
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] == reason
     assert completion["status"] == 200
+
+
+def gemini_answer(finish_reason: str | None) -> bytes:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": "half"}]}}
+    if finish_reason is not None:
+        candidate["finishReason"] = finish_reason
+    usage = {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}
+    return json.dumps({"candidates": [candidate], "usageMetadata": usage}).encode()
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "relayed"),
+    [
+        ("STOP", "stop"),
+        ("MAX_TOKENS", "length"),
+        ("SAFETY", "content_filter"),
+        (None, None),
+        ("MALFORMED_FUNCTION_CALL", None),
+    ],
+)
+def test_a_gemini_answer_is_relayed_as_finished_only_for_a_reason_that_ends_it(
+    start_raw: Callable[[Answer], RawBackend], finish_reason: str | None, relayed: str | None
+) -> None:
+    # LiteLLM relays Gemini's missing `finishReason`, and `MALFORMED_FUNCTION_CALL`, as
+    # "stop": a complete answer (gateway/upstream/hosted_finish.py).
+    provider = start_raw(json_answer(gemini_answer(finish_reason)))
+    backend = BackendSettings.model_validate(
+        {
+            "id": "g",
+            "kind": "hosted",
+            "provider": "gemini",
+            "base_url": provider.url,
+            "models": [{"name": "m", "provider_model": "gemini/gemini-2.0-flash"}],
+            "region": "eu",
+            "owner": "google",
+            "api_key_env": "KEY",
+        }
+    )
+    client = HostedClient(backend, environ={"KEY": "k"}, timeout_s=10, max_answer_bytes=1 << 20)
+    doc = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def send() -> str:
+        try:
+            response = await client.send("chat", doc, "m")
+            return str(json.loads(response.body or b"{}")["choices"][0]["finish_reason"])
+        finally:
+            await client.aclose()
+
+    if relayed is not None:
+        assert asyncio.run(send()) == relayed
+        return
+    with pytest.raises(HostedError) as refused:  # before: "stop", a 200
+        asyncio.run(send())
+    assert (refused.value.kind, type(refused.value)) == ("protocol", Unfinished)

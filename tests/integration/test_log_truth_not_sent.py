@@ -27,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.api.passthrough import PrivateRelay
-from gateway.upstream import hosted as hosted_client
+from gateway.upstream import hosted_prepare
 from gateway.upstream.hosted import HostedClient
 from tests.helpers.gateways import (
     EU_ZERO,
@@ -254,7 +254,7 @@ def test_litellm_that_fails_to_load_has_a_refusal_record_not_a_dispatch(
     # went to the provider, no call counted; the client's 503 has a refusal record.
     hosted = start_sim("vllm", models=("m",), zero_latency=True)
     gateway = start(start_gateway, tmp_path, [], hosted)  # the hosted tier only
-    monkeypatch.setattr(hosted_client, "aload_litellm", broken_load)
+    monkeypatch.setattr(hosted_prepare, "aload_litellm", broken_load)
     response = post(gateway, GOOD)
     assert response.status_code == 503, response.text
     error = response.json()["error"]
@@ -287,7 +287,7 @@ def test_litellm_that_fails_to_load_after_a_failed_attempt_leaves_that_attempt_l
     raw = start_raw(close_unanswered)
     hosted = start_sim("vllm", models=("m",), zero_latency=True)
     gateway = start(start_gateway, tmp_path, [backend("a", raw.url, "m", **EU_ZERO)], hosted)
-    monkeypatch.setattr(hosted_client, "aload_litellm", broken_load)
+    monkeypatch.setattr(hosted_prepare, "aload_litellm", broken_load)
     response = post(gateway, GOOD)
     assert response.status_code == 503, response.text
     message = response.json()["error"]["message"]

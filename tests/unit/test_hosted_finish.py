@@ -1,6 +1,8 @@
 """Which whole hosted answers `unfinished` (gateway/upstream/hosted_finish.py) reads as left
 without the provider's finish reason, table-driven: OpenAI's wire and Anthropic's are
-judged; any other shape, or no answer kept, is not (LiteLLM's "stop" stands there)."""
+judged, and Gemini's and Bedrock Converse's; any other shape (Cohere's), or no answer kept,
+is not (LiteLLM's "stop" stands there); and
+which `short_of` reads as holding fewer or other choices than asked."""
 
 from __future__ import annotations
 
@@ -9,11 +11,23 @@ from typing import Any
 
 import pytest
 
-from gateway.upstream.hosted_finish import unfinished
+from gateway.upstream.anthropic_stops import relabeled
+from gateway.upstream.hosted_finish import short_of, unfinished
 
 
 def body(doc: Any) -> bytes:
     return json.dumps(doc).encode()
+
+
+def gemini(*reasons: str | None) -> bytes:
+    candidates: list[dict[str, Any]] = [
+        {"content": {}, "index": i, "finishReason": r} for i, r in enumerate(reasons)
+    ]
+    return body({"candidates": candidates})
+
+
+def converse(reason: str | None) -> bytes:
+    return body({"output": {"message": {"role": "assistant", "content": []}}, "stopReason": reason})
 
 
 def choices(*reasons: Any) -> bytes:
@@ -33,7 +47,35 @@ def choices(*reasons: Any) -> bytes:
         (body({"type": "message", "content": [], "stop_reason": "end_turn"}), False),
         (body({"type": "message", "content": [], "stop_reason": None}), True),
         (body({"type": "message", "content": []}), True),
-        (body({"candidates": [{"content": {}}]}), False),  # Gemini: not judged
+        (body({"type": "message", "content": [], "stop_reason": "pause_turn"}), True),
+        (body({"type": "message", "content": [], "stop_reason": "next_years"}), True),
+        (body({"type": "message", "content": [], "stop_reason": "tool_use"}), False),
+        (body({"type": "message", "content": [], "stop_reason": "refusal"}), False),
+        (body({"type": "message", "content": [], "stop_reason": "stop_sequence"}), False),
+        (body({"type": "message", "content": [], "stop_reason": "max_tokens"}), False),
+        (
+            body(
+                {"type": "message", "content": [], "stop_reason": "model_context_window_exceeded"}
+            ),
+            False,
+        ),
+        (gemini("STOP"), False),
+        (gemini("MAX_TOKENS"), False),
+        (gemini("SAFETY"), False),
+        (gemini(None), True),  # LiteLLM's "stop" for none
+        (body({"candidates": [{"content": {}}]}), True),
+        (gemini("MALFORMED_FUNCTION_CALL"), True),  # LiteLLM's "stop"
+        (gemini("FINISH_REASON_UNSPECIFIED"), True),
+        (gemini("A_REASON_FROM_NEXT_YEAR"), True),
+        (gemini("STOP", None), True),
+        (body({"candidates": [], "promptFeedback": {"blockReason": "SAFETY"}}), False),
+        (converse("end_turn"), False),
+        (converse("tool_use"), False),
+        (converse("guardrail_intervened"), False),
+        (converse("model_context_window_exceeded"), False),  # relayed as length
+        (converse(None), True),
+        (converse("a_reason_from_next_year"), True),
+        (body({"finish_reason": "ERROR", "message": {}}), False),  # Cohere: not judged
         (body({"object": "response", "output": []}), False),  # Responses API: not judged
         (body({"choices": []}), False),  # no choice to judge
         (body([1, 2]), False),
@@ -43,4 +85,65 @@ def choices(*reasons: Any) -> bytes:
     ],
 )
 def test_unfinished(answer: bytes | None, expected: bool) -> None:
-    assert unfinished(answer) is expected
+    assert (unfinished(answer) is not None) is expected
+
+
+def test_a_paused_turn_is_named_and_no_other_reason_of_the_provider_is() -> None:
+    paused = body({"type": "message", "content": [], "stop_reason": "pause_turn"})
+    assert unfinished(paused) == "paused its turn (pause_turn: unfinished)"
+    made_up = body({"type": "message", "content": [], "stop_reason": "CANARY-7f3"})
+    assert "CANARY" not in (unfinished(made_up) or "CANARY")
+    assert "CANARY" not in (unfinished(gemini("CANARY-7f3")) or "CANARY")
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            body(
+                {"type": "message", "content": [], "stop_reason": "model_context_window_exceeded"}
+            ),
+            "length",
+        ),
+        (converse("model_context_window_exceeded"), "length"),
+        (converse("end_turn"), None),
+        (body({"type": "message", "content": [], "stop_reason": "max_tokens"}), None),
+        (None, None),
+    ],
+)
+def test_relabeled(answer: bytes | None, reason: str | None) -> None:
+    assert relabeled(answer) == reason
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "params", "body_items", "raw", "short"),
+    [
+        ("chat", {"n": 2}, [0, 1], None, False),
+        ("chat", {"n": 2}, [1, 0], None, False),
+        ("chat", {}, [0], None, False),
+        ("chat", {"n": 2}, [0], None, True),
+        ("chat", {}, [0, 1], None, True),
+        ("chat", {"n": 2}, [0, 0], None, True),
+        ("chat", {"n": 2}, [0, 1], [0, 2], True),  # LiteLLM renumbered the provider's
+        ("chat", {"n": 2}, [0, 1], [0, 0], True),
+        ("chat", {"n": 2}, [0, 1], [None, None], False),  # unnumbered: numbered by place
+        ("completions", {"prompt": ["a", "b"], "n": 2}, [0, 1, 2, 3], None, False),
+        ("completions", {"prompt": ["a", "b"]}, [0], None, True),
+        ("completions", {"prompt": [1, 2, 3]}, [0], None, False),  # one token array
+        ("embeddings", {"input": [[1], [2]]}, [0, 1], None, False),
+        ("embeddings", {"input": ["a", "b", "c"]}, [0, 1], None, True),
+    ],
+)
+def test_short_of(
+    endpoint: str,
+    params: dict[str, Any],
+    body_items: list[int],
+    raw: list[int | None] | None,
+    short: bool,
+) -> None:
+    key = "data" if endpoint == "embeddings" else "choices"
+    sent = body({key: [{"index": i} for i in body_items]})
+    own = None
+    if raw is not None:
+        own = body({key: [{} if i is None else {"index": i} for i in raw]})
+    assert (short_of(endpoint, params, sent, own) is not None) is short

@@ -5,21 +5,33 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.api.passed_fields import OPENAI_FIELDS, PASSED_FIELDS
 from gateway.upstream.hosted_fields import RefusedField
 from gateway.upstream.invalid_field import InvalidField
-from gateway.upstream.openai_request import request_params
+from gateway.upstream.openai_request import forwarded_fields, request_params
+from gateway.upstream.unsent_fields import ANSWER_FIELDS, LEFT_OUT, SERVER_FIELDS_UNSENT
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+# Each endpoint's required field: a document of one endpoint holds no other's.
+REQUIRED: dict[str, dict[str, object]] = {
+    "chat": {"messages": MESSAGES},
+    "completions": {"prompt": "hi"},
+    "embeddings": {"input": "hi"},
+}
 
 
-@pytest.mark.parametrize("store", [True, False])
+def ask(endpoint: str, **fields: object) -> dict[str, object]:
+    return {"model": "m", **REQUIRED[endpoint], **fields}
+
+
+@pytest.mark.parametrize("store", [False, None])
 def test_a_client_cannot_ask_the_provider_to_store_the_request(store: bool) -> None:
     # `store: true` makes OpenAI (and Azure OpenAI) keep the prompt and the answer as a
     # stored completion, listed and read back with the gateway's provider key: longer
     # than the retention the policy checked against the backend's declaration.
-    params, ignored = request_params("chat", {"model": "m", "messages": MESSAGES, "store": store})
+    # (`store: true` is refused before this, gateway/upstream/hosted_fields.py.)
+    params = request_params("chat", {"model": "m", "messages": MESSAGES, "store": store})
     assert "store" not in params
-    assert ignored == ("store",)
 
 
 @pytest.mark.parametrize(
@@ -34,16 +46,26 @@ def test_a_client_cannot_ask_the_provider_to_store_the_request(store: bool) -> N
         "mock_response",
         "extra_headers",
         "extra_body",
-        "metadata",
         "litellm_params",
         "headers",
     ],
 )
 @pytest.mark.parametrize("endpoint", ["chat", "completions", "embeddings"])
 def test_routing_fields_never_become_litellm_arguments(endpoint: str, field: str) -> None:
-    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "input": "hi", field: "x"}
-    params, ignored = request_params(endpoint, doc)  # type: ignore[arg-type]
-    assert field not in params and field in ignored
+    # Refused (gateway/api/control_fields.py refuses most before a backend is chosen).
+    doc = ask(endpoint, **{field: "x"})
+    with pytest.raises(RefusedField) as refused:
+        request_params(endpoint, doc)  # type: ignore[arg-type]
+    assert refused.value.param == "(key 3)"  # not a name the gateway repeats
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions", "embeddings"])
+def test_metadata_is_left_out_unsaid(endpoint: str) -> None:
+    # OpenAI's `metadata` tags a stored completion, which a hosted call never makes;
+    # LiteLLM would read it as its own. An SDK that always sends it is served.
+    doc = ask(endpoint, metadata={})
+    params = request_params(endpoint, doc)  # type: ignore[arg-type]
+    assert "metadata" not in params
     assert "model" not in params  # the gateway sets it: the backend's provider_model
 
 
@@ -82,16 +104,17 @@ def test_a_legacy_function_that_is_not_an_object_is_the_clients_error(entry: obj
 @pytest.mark.parametrize("stream", [True, False])
 def test_only_include_usage_of_stream_options_is_sent(stream: bool) -> None:
     # LiteLLM took the client's `stream_options` whole: `{"x": 1, "include_obfuscation":
-    # true}` reached the provider. Unknown keys are left out and named, as top-level ones.
-    options = {"include_usage": False, "x": 1, "include_obfuscation": True, "api_base": "u"}
+    # true}` reached the provider. `include_obfuscation` (padding) and keys that ask for
+    # nothing are left out; any other key is refused, named as top-level ones are.
+    options = {"include_usage": False, "include_obfuscation": True, "x": None, "y": False}
     doc = {"model": "m", "messages": MESSAGES, "stream": stream, "stream_options": options}
-    params, ignored = request_params("chat", doc)
+    params = request_params("chat", doc)
     assert params.get("stream_options") == ({"include_usage": True} if stream else None)
-    assert ignored == (
-        "stream_options.api_base",
-        "stream_options.include_obfuscation",
-        "stream_options.x",
-    )
+    for key, named in (("api_base", "(key 5)"), ("continuous_usage_stats", None)):
+        asking = {**doc, "stream_options": {**options, key: True}}
+        with pytest.raises(RefusedField) as refused:
+            request_params("chat", asking)
+        assert refused.value.param == f"stream_options.{named or key}"
 
 
 @pytest.mark.parametrize(
@@ -105,9 +128,9 @@ def test_a_stream_of_several_choices_is_the_clients_error(
     # LiteLLM relays a stream of several choices with one finish reason (on index 0): a
     # choice cut short was relayed, `[DONE]` and all, as finished (tests/integration/
     # test_hosted_stream_choices.py). Whole answers of several choices pass.
-    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "n": n, "stream": stream}
+    doc = ask(endpoint, n=n, stream=stream)
     if not refused:
-        params, _ = request_params(endpoint, doc)  # type: ignore[arg-type]
+        params = request_params(endpoint, doc)  # type: ignore[arg-type]
         assert params.get("n") == n and params.get("stream") is (stream or None)
         return
     with pytest.raises(InvalidField) as error:
@@ -143,20 +166,21 @@ def test_a_server_field_that_constrains_the_answer_is_refused_not_left_out(
     # A private backend honours these; LiteLLM is never given them, so a client failed
     # over with `guided_json` got unconstrained text and a 200. The refusal names the
     # field from the gateway's own list (never the client's other field names).
-    doc = {"model": "m", "messages": MESSAGES, "prompt": "hi", "decoy_x": 1, field: value}
+    doc = ask(endpoint, decoy_x=1, **{field: value})
     with pytest.raises(RefusedField) as refused:
         request_params(endpoint, doc)  # type: ignore[arg-type]
     assert refused.value.param == field
     assert "decoy_x" not in str(refused.value)
 
 
-def test_a_null_server_field_and_an_embeddings_one_are_left_out() -> None:
-    doc = {"model": "m", "messages": MESSAGES, "top_k": None, "grammar": None, "decoy_x": 1}
-    params, ignored = request_params("chat", doc)
-    assert ignored == ("decoy_x", "grammar", "top_k") and "top_k" not in params
+def test_a_null_field_is_left_out_and_an_embeddings_server_field_refused() -> None:
+    doc = {"model": "m", "messages": MESSAGES, "top_k": None, "grammar": None, "decoy_x": None}
+    params = request_params("chat", doc)
+    assert not {"top_k", "grammar", "decoy_x"} & params.keys()
     embed = {"model": "m", "input": "hi", "top_k": 3}
-    params, ignored = request_params("embeddings", embed)
-    assert ignored == ("top_k",) and "top_k" not in params
+    with pytest.raises(RefusedField, match="not a field of this endpoint") as refused:
+        request_params("embeddings", embed)
+    assert refused.value.param == "top_k"
 
 
 @pytest.mark.parametrize(
@@ -178,8 +202,8 @@ def test_a_server_field_at_a_value_that_asks_for_nothing_is_left_out(
 ) -> None:
     # A client library that always sends its sampler defaults is served on failover: the
     # sampler switched off is what a hosted provider does anyway.
-    params, ignored = request_params("chat", {"model": "m", "messages": MESSAGES, field: value})
-    assert ignored == (field,) and field not in params
+    params = request_params("chat", {"model": "m", "messages": MESSAGES, field: value})
+    assert field not in params
 
 
 @pytest.mark.parametrize(
@@ -199,3 +223,64 @@ def test_a_server_field_near_a_value_that_asks_for_nothing_is_refused(
 ) -> None:
     with pytest.raises(RefusedField):
         request_params("chat", {"model": "m", "messages": MESSAGES, field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("return_token_ids", True),
+        ("chat_template_kwargs", {"enable_thinking": False}),
+        ("skip_special_tokens", False),
+        ("echo", True),
+        ("store", "yes"),
+        ("dimensions", 8),  # an embeddings field, on a chat
+    ],
+)
+@pytest.mark.parametrize("endpoint", ["chat", "embeddings"])
+def test_a_field_a_hosted_provider_is_not_sent_is_refused_not_left_out(
+    endpoint: str, field: str, value: object
+) -> None:
+    # It was left out unsaid (`ignored_fields`, which nothing read): the client got an
+    # answer made without it, and a 200. Refused as a field the adapter would drop is.
+    doc = ask(endpoint, **{field: value})
+    if field in forwarded_fields(endpoint):  # type: ignore[arg-type]
+        return  # `dimensions` on embeddings: sent
+    with pytest.raises(RefusedField) as refused:
+        request_params(endpoint, doc)  # type: ignore[arg-type]
+    assert refused.value.param == field
+
+
+@pytest.mark.parametrize(
+    "name", ["decoy_x", "a b", "x" * 65, "caf\u00e9", "ok\u202ename", "", "CANARY_field"]
+)
+def test_a_field_the_gateway_does_not_know_is_named_by_its_place(name: str) -> None:
+    # The name is the client's own text: never repeated in an error or a log.
+    doc = {"model": "m", "messages": MESSAGES, name: 1}
+    with pytest.raises(RefusedField) as refused:
+        request_params("chat", doc)
+    assert refused.value.param == "(key 3)"
+    assert name not in str(refused.value) or not name
+    options = {"include_usage": True, name: 1}
+    with pytest.raises(RefusedField) as refused:
+        request_params("chat", {"model": "m", "messages": MESSAGES, "stream_options": options})
+    assert refused.value.param == "stream_options.(key 2)"
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions", "embeddings"])
+@pytest.mark.parametrize("field", sorted({*PASSED_FIELDS, *OPENAI_FIELDS}))
+def test_no_field_a_private_backend_is_passed_is_left_out_unsaid_for_a_hosted_one(
+    endpoint: str, field: str
+) -> None:
+    # Every field gateway/api/passed_fields.py passes to a private backend (the servers'
+    # own, the OpenAI API's legacy ones) is sent to a hosted provider (the allowlist) or
+    # refused when it asks for something: never left out while the answer is made
+    # without it. A field added there is checked here without a change to this test.
+    asking = ask(endpoint, **{field: "CANARY-value"})
+    if field in forwarded_fields(endpoint):  # type: ignore[arg-type]
+        return  # sent (its JSON type is checked: a string may be refused as invalid)
+    with pytest.raises(RefusedField) as refused:
+        request_params(endpoint, asking)  # type: ignore[arg-type]
+    assert refused.value.param == field  # named: the gateway knows it
+    assert "CANARY" not in str(refused.value)
+    assert field not in LEFT_OUT
+    assert field in ANSWER_FIELDS | SERVER_FIELDS_UNSENT or field in OPENAI_FIELDS

@@ -1,6 +1,7 @@
-"""Which chat fields a hosted provider's LiteLLM adapter would drop unsaid, as the pinned
+"""Which fields a hosted provider's LiteLLM adapter would drop unsaid, as the pinned
 LiteLLM (1.108.7) says (gateway/upstream/hosted_support.py), and which of a request's
-fields are refused for it.
+fields are refused for it: a chat's, a text completion's LiteLLM asks as a chat, an
+embeddings request's `dimensions`.
 
 `PINNED` is read from LiteLLM's own `get_supported_openai_params`, one model of each
 provider kind the docs name: a LiteLLM that takes more or fewer fields for one of them
@@ -109,9 +110,66 @@ def test_support_depends_on_the_model_not_only_the_route(litellm: ModuleType) ->
     assert refused.value.param == "top_p"
 
 
-def test_only_chat_is_checked(litellm: ModuleType) -> None:
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"n": 2}, "n"), ({"seed": 7}, "seed"), ({"logprobs": 2}, "logprobs")],
+)
+def test_a_text_completion_litellm_asks_as_a_chat_is_held_to_the_chat_fields(
+    litellm: ModuleType, fields: dict[str, Any], param: str
+) -> None:
+    # LiteLLM asks Anthropic's chat adapter for a text completion, which left `seed` (and
+    # `n`, `logprobs`) out unsaid: the answer made without it was a 200.
     table = SupportTable("anthropic", None)
-    table.check(litellm, "completions", {"prompt": "p", "n": 2}, "anthropic/claude-sonnet-4-5")
+    table.check(
+        litellm, "completions", {"prompt": "p", "max_tokens": 5}, "anthropic/claude-sonnet-4-5"
+    )
+    with pytest.raises(HostedError) as refused:
+        table.check(
+            litellm, "completions", {"prompt": "p", **fields}, "anthropic/claude-sonnet-4-5"
+        )
+    assert (refused.value.status, refused.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    "provider_model", ["openai/m", "text-completion-openai/m", "hosted_vllm/m"]
+)
+def test_a_text_completion_sent_to_completions_keeps_its_fields(
+    litellm: ModuleType, provider_model: str
+) -> None:
+    # OpenAI-style `/completions` routes: LiteLLM sends every forwarded field (the
+    # provider refuses what it does not take, out loud).
+    fields = {"n": 2, "seed": 7, "echo": True, "best_of": 2, "suffix": "s", "logprobs": 2}
+    SupportTable("openai", None).check(
+        litellm, "completions", {"prompt": "p", **fields}, provider_model
+    )
+
+
+@pytest.mark.parametrize(
+    ("provider_model", "refused"),
+    [
+        ("openai/m", True),  # not text-embedding-3: LiteLLM leaves `dimensions` out
+        ("openai/text-embedding-ada-002", True),
+        ("mistral/mistral-embed", True),
+        ("openai/text-embedding-3-small", False),
+        ("azure/my-deployment", False),
+        ("cohere/embed-english-v3.0", False),  # as `output_dimension`
+        ("gemini/gemini-embedding-001", False),  # as `outputDimensionality`
+        ("bedrock/amazon.titan-embed-text-v2:0", False),
+    ],
+)
+def test_embeddings_dimensions_is_refused_where_litellm_leaves_it_out(
+    litellm: ModuleType, provider_model: str, refused: bool
+) -> None:
+    table = SupportTable("provider", None)
+    # `encoding_format` is not judged: an adapter that drops it answers floats, as shown.
+    table.check(litellm, "embeddings", {"input": "x", "encoding_format": "base64"}, provider_model)
+    asked = {"input": "x", "dimensions": 256}
+    if not refused:
+        table.check(litellm, "embeddings", asked, provider_model)
+        return
+    with pytest.raises(HostedError) as refusal:
+        table.check(litellm, "embeddings", asked, provider_model)
+    assert (refusal.value.status, refusal.value.param) == (400, "dimensions")
 
 
 # A Bedrock model LiteLLM serves on bedrock-runtime's native Chat Completions, whose

@@ -99,9 +99,7 @@ def test_a_generated_schema_and_a_self_reference_pass() -> None:
             "tree": {"$ref": "#/$defs/Node"},
         },
     }
-    params, _ = request_params(
-        "chat", {"model": "m", "messages": MESSAGES, "tools": [tool(schema)]}
-    )
+    params = request_params("chat", {"model": "m", "messages": MESSAGES, "tools": [tool(schema)]})
     assert params["tools"][0]["function"]["parameters"] == schema
 
 
