@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -143,14 +144,13 @@ def test_workers_of_a_running_gateway_refuse_a_key_revoked_on_the_host(
 def test_a_revocation_learned_from_redis_is_enforced_once_listed(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """Its write to the list is held up (its lock file a FIFO: opening it waits for the
-    test): the revocation is not enforced until the write ends, so a process that
-    refused the key has it on the list. Before, it was enforced at once and written in
+    """Its write to the list is held up (the test holds the list's lock, and the state
+    waits up to a minute for it): the revocation is not enforced until the write ends, so
+    a process that refused the key has it on the list. Before, it was enforced at once and written in
     the background: a `kill -9` meanwhile left a revocation it had enforced off the list,
     and a restart while Redis was down served the key again."""
     path = tmp_path / "revoked-keys"
-    lock = tmp_path / ".revoked-keys.lock"
-    os.mkfifo(lock)
+    holder = _hold_lock(tmp_path / ".revoked-keys.lock")
     digest = hash_api_key(DOOMED)
 
     async def scenario() -> None:
@@ -161,12 +161,11 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
             timeout_s=5.0,
             sync_interval_s=0.05,
             lease_ttl_s=5.0,
-            kept=KeptRevocations(path),
+            kept=KeptRevocations(path, lock_wait_s=60.0),
         )
         other = replica(redis_server, "other")
         await here.start()
         await other.start()
-        release: int | None = None
         try:
             assert await other.revoke_key(digest)
             await until_async(
@@ -174,19 +173,24 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
             )
             assert not here.is_revoked(digest)  # before: refused, and not on the list
             assert not path.exists()
-            release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)  # the write goes on
+            os.close(holder)  # the lock released: the write goes on
             await until_async(lambda: here.is_revoked(digest), "refused once listed")
             assert digest in read_revocations(path)
         finally:
-            if release is None:  # a write waiting on the FIFO would hold `close` for good
-                with contextlib.suppress(OSError):  # none waits (ENXIO)
-                    release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)
-            if release is not None:
-                os.close(release)
+            with contextlib.suppress(OSError):  # closed already
+                os.close(holder)
             await other.close()
             await here.close()
 
     asyncio.run(scenario())
+
+
+def _hold_lock(lock: Path) -> int:
+    """A descriptor holding the list's lock (`flock`, as `add_revocations` takes it):
+    each write of the list waits for it until it is closed (or its wait ends)."""
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    return holder
 
 
 def test_a_reload_moving_the_list_says_it_needs_a_restart(
@@ -223,9 +227,11 @@ def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_
 ) -> None:
     """`kill -9` right after the gateway first refused a key revoked on another host
     through Redis, then a restart while Redis is down: the key is still refused. Its
-    list write is held up (the lock file a FIFO) until the gateway has learned the
-    revocation (the readiness detail's `unlisted_revocations`); before, it refused the
-    key at once with the write still waiting, and the restart served the key (200)."""
+    list write is held up (the test holds the list's lock) until the gateway has learned
+    the revocation (the readiness detail's `unlisted_revocations`); before, it refused the
+    key at once with the write still waiting, and the restart served the key (200). The
+    gateway waits `LOCK_WAIT_S` for the lock: a test slower than that sees the write fail
+    (the key refused, said unlisted) and waits for its retry to list it before the kill."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     redis = {"backend": "redis", "url": redis_server.url, "key_prefix": "test"}
     state = {**redis, "timeout_ms": 200, "sync_interval_s": 0.05, "lease_ttl_s": 1}
@@ -235,10 +241,8 @@ def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_
     (other / "gateway.yaml").write_text(yaml.safe_dump(config))
     here = tmp_path / "here"
     here.mkdir()
-    lock = here / ".revoked-keys.lock"
-    os.mkfifo(lock)
+    holder = _hold_lock(here / ".revoked-keys.lock")
     gateway = GatewayProcess(config, here).start()
-    release: int | None = None
     try:
         assert _statuses(gateway.url, DOOMED) == [200]
         assert main(["keys", "revoke", DOOMED, "--config", str(other / "gateway.yaml")]) == 0
@@ -247,16 +251,21 @@ def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_
             "the gateway learned the revocation; its list write is held up",
             detail=gateway.output,
         )
-        if _statuses(gateway.url, DOOMED) == [200]:  # not refused before it is listed
-            release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)  # the write goes on
-            until(lambda: _statuses(gateway.url, DOOMED) == [401], "refused once listed")
+        assert _statuses(gateway.url, DOOMED) in ([200], [401])  # 401: its wait ended
+        os.close(holder)  # the lock released: the write goes on
+        until(lambda: _statuses(gateway.url, DOOMED) == [401], "refused once listed")
+        if readiness(gateway.url)["state"]["unlisted_revocations"]:  # its wait ended first
+            until(
+                lambda: readiness(gateway.url)["state"]["unlisted_revocations"] == 0,
+                "the failed write retried",
+                detail=gateway.output,
+            )
         gateway.stop(signal.SIGKILL)  # at once: it refused the key
         redis_server.stop()
-        lock.unlink()  # the restarted gateway's own writes take a plain lock file
         gateway.start()  # Redis down: it starts degraded, from this host's list
         assert _statuses(gateway.url, DOOMED) == [401]  # before: 200, off the list
         assert _statuses(gateway.url, KEPT) == [200]
     finally:
-        if release is not None:
-            os.close(release)
+        with contextlib.suppress(OSError):  # closed already
+            os.close(holder)
         gateway.stop(signal.SIGKILL)

@@ -7,8 +7,11 @@ cannot read; and a state built on it refuses those keys from the start."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,38 @@ def test_a_failed_write_is_kept_for_the_next(tmp_path: Path) -> None:
     asyncio.run(kept.flush())
     assert kept.unwritten == 0
     assert read_revocations(blocker / "revoked-keys") == {digest(1)}
+
+
+def test_a_lock_file_that_is_no_regular_file_fails_the_write_at_once(tmp_path: Path) -> None:
+    """A FIFO where the list's lock file goes (made there by whoever may write the
+    directory): the write fails at once, naming it, and the revocation stays enforced.
+    Before, opening it waited for a writer for good: `revoke_key` (an admin revocation)
+    never returned, every later write of the list queued behind it, and a revocation
+    learned from Redis, enforced only once its write ends, was never enforced."""
+    path = tmp_path / "revoked-keys"
+    lock = tmp_path / ".revoked-keys.lock"
+    os.mkfifo(lock)
+    state = create_state("memory", revocations_file=path)
+    done: list[BaseException | None] = []
+
+    def revoke() -> None:
+        try:
+            asyncio.run(state.revoke_key(digest(3)))
+            done.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            done.append(exc)
+
+    thread = threading.Thread(target=revoke, daemon=True)
+    thread.start()
+    thread.join(timeout=30)  # a bound on a hang, not a wait for one: at once when fixed
+    if thread.is_alive():  # before: still opening the FIFO; let it go, then fail
+        with contextlib.suppress(OSError):
+            os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=30)
+        pytest.fail("revoke_key waited for good on a FIFO at the list's lock file")
+    assert done == [None]
+    assert state.is_revoked(digest(3))
+    assert state.status().unlisted_revocations == 1  # not written: said (status, log)
+    with pytest.raises(OSError, match="not a regular file"):
+        add_revocations(path, [digest(4)])
+    assert not path.exists()
