@@ -185,6 +185,45 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
     asyncio.run(scenario())
 
 
+@pytest.mark.redis
+def test_a_revocation_learned_from_redis_is_enforced_whatever_sits_at_the_lock(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A FIFO where the list's lock file goes (whoever may write the directory put it
+    there): the write of a revocation learned from Redis fails at once, and the key is
+    refused (said unlisted). Before, opening the FIFO waited for a writer for good: the
+    revocation, enforced only once its write ends, was never enforced in this process,
+    while every other replica refused the key."""
+    lock = tmp_path / ".revoked-keys.lock"
+    os.mkfifo(lock)
+    digest = hash_api_key(DOOMED)
+
+    async def scenario() -> None:
+        here = RedisState(
+            redis_server.url,
+            replica_id="here",
+            key_prefix="test",
+            timeout_s=5.0,
+            sync_interval_s=0.05,
+            lease_ttl_s=5.0,
+            kept=KeptRevocations(tmp_path / "revoked-keys"),
+        )
+        other = replica(redis_server, "other")
+        await here.start()
+        await other.start()
+        try:
+            assert await other.revoke_key(digest)
+            await until_async(lambda: here.is_revoked(digest), "refused, its write failed")
+            assert here.status().unlisted_revocations == 1
+        finally:
+            with contextlib.suppress(OSError):  # before: frees the write waiting on it
+                os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+            await other.close()
+            await here.close()
+
+    asyncio.run(scenario())
+
+
 def _hold_lock(lock: Path) -> int:
     """A descriptor holding the list's lock (`flock`, as `add_revocations` takes it):
     each write of the list waits for it until it is closed (or its wait ends)."""
