@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.exceptions
 import yaml
 
 from gateway.api import GatewayApp
@@ -146,9 +147,9 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
 ) -> None:
     """Its write to the list is held up (the test holds the list's lock, and the state
     waits up to a minute for it): the revocation is not enforced until the write ends, so
-    a process that refused the key has it on the list. Before, it was enforced at once and written in
-    the background: a `kill -9` meanwhile left a revocation it had enforced off the list,
-    and a restart while Redis was down served the key again."""
+    a process that refused the key has it on the list. Before, it was enforced at once and
+    written in the background: a `kill -9` meanwhile left a revocation it had enforced off
+    the list, and a restart while Redis was down served the key again."""
     path = tmp_path / "revoked-keys"
     holder = _hold_lock(tmp_path / ".revoked-keys.lock")
     digest = hash_api_key(DOOMED)
@@ -218,6 +219,55 @@ def test_a_revocation_learned_from_redis_is_enforced_whatever_sits_at_the_lock(
         finally:
             with contextlib.suppress(OSError):  # before: frees the write waiting on it
                 os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+            await other.close()
+            await here.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_revocation_learned_in_a_sync_that_then_fails_is_still_enforced(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Redis flapping: a sync reads a revocation made on another host, then its push of
+    one made here while Redis was away fails (the connection dropped: a stand-in fails
+    every push). The revocation read is written to the list and enforced all the same.
+    Before, it was held for the list, but the failure ended the sync before it was handed
+    to the list's writer, and no later sync learned it again (already held): the key
+    stayed served by this process until its restart."""
+    digest, mine = hash_api_key(DOOMED), hash_api_key(KEPT)
+
+    async def scenario() -> None:
+        here = RedisState(
+            redis_server.url,
+            replica_id="here",
+            key_prefix="test",
+            timeout_s=5.0,
+            sync_interval_s=0.05,
+            lease_ttl_s=5.0,
+            kept=KeptRevocations(tmp_path / "revoked-keys"),
+        )
+        other = replica(redis_server, "other")
+        await here.start()
+        await other.start()
+        revoked = here._revocations
+        push = revoked._script
+        failed = [0]
+
+        async def dropped(*args: Any, **kwargs: Any) -> Any:
+            failed[0] += 1
+            raise redis.exceptions.ConnectionError("connection dropped (the test's)")
+
+        try:
+            revoked._script = dropped  # Redis drops each push from now on
+            await here.revoke_key(mine, share=False)  # made here: pushed by the next sync
+            assert await other.revoke_key(digest)
+            # Each sync from now on pushes `mine` and fails: the one that reads `digest` too.
+            await until_async(lambda: here.is_revoked(digest), "refused: listed after all")
+            assert failed[0] >= 1 and not here.healthy
+            assert digest in read_revocations(tmp_path / "revoked-keys")
+        finally:
+            revoked._script = push
             await other.close()
             await here.close()
 
