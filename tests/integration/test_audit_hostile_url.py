@@ -392,3 +392,9 @@ def test_a_server_busy_for_good_ends_the_copy(served: _Served, tmp_path: Path) -
     with pytest.raises(OSError, match=r"HTTP 429 .*past the copy's deadline"):
         mirror_log(served.url, tmp_path / "copy", limits=FetchLimits(copy_deadline_s=60.0))
     assert served.asked == ["checkpoint"]
+    served.asked.clear()
+    served.busy = {"checkpoint": 1}
+    served.retry_after = "\u00b2"  # a digit to Python's str.isdigit, no number: 1 s
+    with pytest.raises(MalformedError, match="tile/0/000 is not served"):
+        mirror_log(served.url, tmp_path / "copy")  # the checkpoint, asked again
+    assert served.asked[:2] == ["checkpoint", "checkpoint"]

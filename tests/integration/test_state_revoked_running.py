@@ -259,7 +259,7 @@ def test_a_revocation_learned_in_a_sync_that_then_fails_is_still_enforced(
             raise redis.exceptions.ConnectionError("connection dropped (the test's)")
 
         try:
-            revoked._script = dropped  # Redis drops each push from now on
+            revoked._script = dropped  # type: ignore[assignment]  # Redis drops each push
             await here.revoke_key(mine, share=False)  # made here: pushed by the next sync
             assert await other.revoke_key(digest)
             # Each sync from now on pushes `mine` and fails: the one that reads `digest` too.

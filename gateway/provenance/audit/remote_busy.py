@@ -52,7 +52,8 @@ def patiently(
             return get()
         except Busy as busy:
             if busy.wait_s > MAX_WAIT_S or clock() + busy.wait_s >= end:
-                raise OSError(f"{busy}, and asks to wait past the copy's deadline") from None
+                wait = f"asks to wait {busy.wait_s:g} s"
+                raise OSError(f"{busy}, and {wait}: past the copy's deadline") from None
             if tries == TRIES:
                 raise OSError(f"{busy}, {TRIES} times in a row: the copy stops") from None
             sleep(busy.wait_s)
@@ -62,4 +63,5 @@ def patiently(
 def _seconds(value: str | None) -> float:
     """`retry-after`'s delay in seconds (RFC 9110: digits); 1 for none or a date."""
     text = (value or "").strip()
-    return float(text) if text.isdigit() and len(text) <= 9 else 1.0
+    digits = text.isascii() and text.isdigit() and len(text) <= 9  # "²" is a digit to str
+    return float(text) if digits else 1.0
