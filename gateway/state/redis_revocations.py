@@ -83,6 +83,11 @@ class RevokedKeys:
         not hold them yet (its write is under way)."""
         return len(self._held)
 
+    def holding(self) -> frozenset[str]:
+        """The digests `held` counts: for the list's writer after each sync, whatever
+        became of it (one that failed after its read learned them returned nothing)."""
+        return frozenset(self._held)
+
     def listed(self, digests: Iterable[str]) -> None:
         """Refuse `digests` from now on: this host's list holds them (or a write of them
         failed and said so). Those held are enforced; those new here (another process

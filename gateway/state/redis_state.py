@@ -289,6 +289,13 @@ class RedisState:
 
     async def _sync(self) -> None:
         try:
+            await self._sync_once()
+        finally:  # what a sync read is written (then enforced), even if it failed after
+            if self._kept is not None and self._revocations.held:
+                self._kept.note(self._revocations.holding())
+
+    async def _sync_once(self) -> None:
+        try:
             async with asyncio.timeout(self._sync_timeout_s):
                 await self._heartbeat()
                 if not self._health.healthy:
@@ -322,9 +329,8 @@ class RedisState:
                 return
         self._health.replicas = max(self._workers, int(reply[1]))
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
-        learned = await self._revocations.sync(int(reply[2]), int(reply[3]), reread=reply[0] == 1)
-        if learned and self._kept is not None:
-            self._kept.note(learned)
+        # What it learns is noted for this host's list by `_sync`, the sync failing or not.
+        await self._revocations.sync(int(reply[2]), int(reply[3]), reread=reply[0] == 1)
 
     async def _restore(self) -> None:
         """Before a resync renews the lease: put back the budget use this replica's

@@ -16,7 +16,9 @@ process wrote (`owngate keys revoke` without Redis, a sibling worker, another ga
 the host) reaches `listed` within about a look. A list found damaged or unreadable while
 running sets `damaged` (logged once, until a read succeeds again): the state then
 refuses every tenant request (503, gateway/api/tenant_auth.py) rather than serve keys
-the list may revoke, and says why; each look reads it again (restored, or removed).
+the list may revoke, and says why; each look reads it again (restored, or removed). A
+look that fails otherwise (a bug) does too, and the watch goes on: before, it ended the
+watch task without a word, and the process never read the list again.
 """
 
 from __future__ import annotations
@@ -147,7 +149,12 @@ class KeptRevocations:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self._watch_s)
-            await self.look()
+            try:
+                await self.look()
+            except Exception as exc:  # noqa: BLE001 - a bug: logged, fails closed, watch goes on
+                if self.damaged is None:
+                    self._log.error("revoked keys list look failed", exc_info=exc)
+                self.damaged = f"{self.path}: the look at it failed ({type(exc).__name__})"
 
     async def look(self) -> frozenset[str]:
         """Read the list again if it changed since the last read (or the last failed);
@@ -163,13 +170,13 @@ class KeptRevocations:
                 )
             self.damaged = str(exc)
             return frozenset()
+        fresh = frozenset() if digests is None else digests - self.known
+        if fresh:
+            self.listed(fresh)  # first: should it raise, the next look hands them again
+            self.known |= fresh
         if self.damaged is not None:
             self._log.info("revoked keys list read again", path=str(self.path))
             self.damaged = None
-        fresh = frozenset() if digests is None else digests - self.known
-        if fresh:
-            self.known |= fresh
-            self.listed(fresh)
         return fresh
 
     def _read_if_changed(self) -> frozenset[str] | None:

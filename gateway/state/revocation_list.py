@@ -25,6 +25,7 @@ the directory fsynced. A list that cannot be read is never written over.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -132,10 +133,16 @@ def _checksum(data: bytes) -> bytes:
 @contextlib.contextmanager
 def _locked(path: Path, wait_s: float, clock: Callable[[], float]) -> Iterator[None]:
     """An exclusive `flock` on `.<name>.lock` beside the list, opened read-only (made 0644
-    when missing) so any user who may write the list may take it."""
+    when missing) so any user who may write the list may take it. Opened without blocking
+    and refused (OSError naming it) unless a regular file: a FIFO there held the opening
+    thread until a writer came, for good, and with it every write of the list (a revocation
+    learned from Redis is enforced only once its write ends: revocation_keeper.py)."""
     lock = path.with_name(f".{path.name}.lock")
-    fd = os.open(lock, os.O_RDONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    flags = os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(lock, flags, 0o644)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(lock))
         with contextlib.suppress(PermissionError):  # another user's: readable already
             os.fchmod(fd, 0o644)  # whatever the umask made it: the other user opens it
         deadline = clock() + wait_s

@@ -19,6 +19,7 @@ import pytest
 from gateway.cli.main import main
 from gateway.provenance import MalformedError, Signer, sign_note
 from gateway.provenance.audit.remote import FetchLimits, copy_budget, mirror_log
+from gateway.provenance.audit.remote_busy import TRIES
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.tiles import TILE_WIDTH
 from gateway.provenance.keys import generate_signing_key
@@ -39,6 +40,8 @@ class _Served:
         self.any_tile = b""  # served for every tile path not in `files`, when set
         self.moved: dict[str, str] = {}  # name -> where a 302 sends it
         self.tokens: list[str | None] = []  # each request's Authorization header
+        self.busy: dict[str, int] = {}  # name -> how many GETs of it are answered 429 first
+        self.retry_after = "0"  # the 429s' retry-after
 
 
 @pytest.fixture
@@ -56,6 +59,13 @@ def _serving() -> Iterator[_Served]:
             name = self.path.removeprefix("/log/")
             state.asked.append(name)
             state.tokens.append(self.headers.get("authorization"))
+            if state.busy.get(name, 0) > 0:  # as owngate's admin API past its log reads
+                state.busy[name] -= 1
+                self.send_response(429)
+                self.send_header("retry-after", state.retry_after)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                return
             if name in state.moved:
                 self.send_response(302)
                 self.send_header("location", state.moved[name])
@@ -351,3 +361,40 @@ def test_a_token_never_goes_to_the_environments_proxy(
             mirror_log(served.url, tmp_path / "public")
         assert proxy.asked and proxy.tokens == [None], proxy.asked
         assert served.tokens == ["Bearer og-admin-secret"]
+
+
+def test_a_busy_server_is_asked_again_as_its_retry_after_says(
+    served: _Served, tmp_path: Path
+) -> None:
+    """owngate's admin API answers 429 (`retry-after: 1`) past its eight log reads at
+    once, four for a token: another auditor's copy at the same time is enough. The copy
+    asks again after the wait it names. Before, the first 429 ended it (`HTTP 429`)."""
+    signer = Signer.from_skey(generate_signing_key(ORIGIN)[0])
+    served.files["checkpoint"] = _checkpoint(1, signer)
+    served.files["tile/0/000.p/1"] = bytes(32)
+    served.files["tile/entries/000.p/1"] = b"\x00\x01x"
+    served.busy = {"checkpoint": 1, "tile/0/000.p/1": 2, "tile/entries/000.p/1": 1}
+    assert mirror_log(served.url, tmp_path / "copy") == 1
+    assert (
+        served.asked == ["checkpoint"] * 2 + ["tile/0/000.p/1"] * 3 + ["tile/entries/000.p/1"] * 2
+    )
+    assert (tmp_path / "copy" / "tile/entries/000.p/1").read_bytes() == b"\x00\x01x"
+
+
+def test_a_server_busy_for_good_ends_the_copy(served: _Served, tmp_path: Path) -> None:
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(generate_signing_key(ORIGIN)[0]))
+    served.busy = {"checkpoint": 10 * TRIES}
+    with pytest.raises(OSError, match=rf"HTTP 429 .*{TRIES} times in a row"):
+        mirror_log(served.url, tmp_path / "copy")
+    assert len(served.asked) == TRIES  # bounded: never a loop as long as the server likes
+    served.asked.clear()
+    served.retry_after = "3600"  # past the copy's deadline: it ends at once, unwaited
+    with pytest.raises(OSError, match=r"HTTP 429 .*past the copy's deadline"):
+        mirror_log(served.url, tmp_path / "copy", limits=FetchLimits(copy_deadline_s=60.0))
+    assert served.asked == ["checkpoint"]
+    served.asked.clear()
+    served.busy = {"checkpoint": 1}
+    served.retry_after = "\u00b2"  # a digit to Python's str.isdigit, no number: 1 s
+    with pytest.raises(MalformedError, match="tile/0/000 is not served"):
+        mirror_log(served.url, tmp_path / "copy")  # the checkpoint, asked again
+    assert served.asked[:2] == ["checkpoint", "checkpoint"]

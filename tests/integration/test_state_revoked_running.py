@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.exceptions
 import yaml
 
 from gateway.api import GatewayApp
@@ -143,12 +145,56 @@ def test_workers_of_a_running_gateway_refuse_a_key_revoked_on_the_host(
 def test_a_revocation_learned_from_redis_is_enforced_once_listed(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """Its write to the list is held up (its lock file a FIFO: opening it waits for the
-    test): the revocation is not enforced until the write ends, so a process that
-    refused the key has it on the list. Before, it was enforced at once and written in
-    the background: a `kill -9` meanwhile left a revocation it had enforced off the list,
-    and a restart while Redis was down served the key again."""
+    """Its write to the list is held up (the test holds the list's lock, and the state
+    waits up to a minute for it): the revocation is not enforced until the write ends, so
+    a process that refused the key has it on the list. Before, it was enforced at once and
+    written in the background: a `kill -9` meanwhile left a revocation it had enforced off
+    the list, and a restart while Redis was down served the key again."""
     path = tmp_path / "revoked-keys"
+    holder = _hold_lock(tmp_path / ".revoked-keys.lock")
+    digest = hash_api_key(DOOMED)
+
+    async def scenario() -> None:
+        here = RedisState(
+            redis_server.url,
+            replica_id="here",
+            key_prefix="test",
+            timeout_s=5.0,
+            sync_interval_s=0.05,
+            lease_ttl_s=5.0,
+            kept=KeptRevocations(path, lock_wait_s=60.0),
+        )
+        other = replica(redis_server, "other")
+        await here.start()
+        await other.start()
+        try:
+            assert await other.revoke_key(digest)
+            await until_async(
+                lambda: here.status().unlisted_revocations == 1, "learned, its write held up"
+            )
+            assert not here.is_revoked(digest)  # before: refused, and not on the list
+            assert not path.exists()
+            os.close(holder)  # the lock released: the write goes on
+            await until_async(lambda: here.is_revoked(digest), "refused once listed")
+            assert digest in read_revocations(path)
+        finally:
+            with contextlib.suppress(OSError):  # closed already
+                os.close(holder)
+            await other.close()
+            await here.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_revocation_learned_from_redis_is_enforced_whatever_sits_at_the_lock(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A FIFO where the list's lock file goes (whoever may write the directory put it
+    there): the write of a revocation learned from Redis fails at once, and the key is
+    refused (said unlisted). Before, opening the FIFO waited for a writer for good: the
+    revocation, enforced only once its write ends, was never enforced in this process,
+    while every other replica refused the key."""
     lock = tmp_path / ".revoked-keys.lock"
     os.mkfifo(lock)
     digest = hash_api_key(DOOMED)
@@ -161,32 +207,79 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
             timeout_s=5.0,
             sync_interval_s=0.05,
             lease_ttl_s=5.0,
-            kept=KeptRevocations(path),
+            kept=KeptRevocations(tmp_path / "revoked-keys"),
         )
         other = replica(redis_server, "other")
         await here.start()
         await other.start()
-        release: int | None = None
         try:
             assert await other.revoke_key(digest)
-            await until_async(
-                lambda: here.status().unlisted_revocations == 1, "learned, its write held up"
-            )
-            assert not here.is_revoked(digest)  # before: refused, and not on the list
-            assert not path.exists()
-            release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)  # the write goes on
-            await until_async(lambda: here.is_revoked(digest), "refused once listed")
-            assert digest in read_revocations(path)
+            await until_async(lambda: here.is_revoked(digest), "refused, its write failed")
+            assert here.status().unlisted_revocations == 1
         finally:
-            if release is None:  # a write waiting on the FIFO would hold `close` for good
-                with contextlib.suppress(OSError):  # none waits (ENXIO)
-                    release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)
-            if release is not None:
-                os.close(release)
+            with contextlib.suppress(OSError):  # before: frees the write waiting on it
+                os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
             await other.close()
             await here.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.redis
+def test_a_revocation_learned_in_a_sync_that_then_fails_is_still_enforced(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Redis flapping: a sync reads a revocation made on another host, then its push of
+    one made here while Redis was away fails (the connection dropped: a stand-in fails
+    every push). The revocation read is written to the list and enforced all the same.
+    Before, it was held for the list, but the failure ended the sync before it was handed
+    to the list's writer, and no later sync learned it again (already held): the key
+    stayed served by this process until its restart."""
+    digest, mine = hash_api_key(DOOMED), hash_api_key(KEPT)
+
+    async def scenario() -> None:
+        here = RedisState(
+            redis_server.url,
+            replica_id="here",
+            key_prefix="test",
+            timeout_s=5.0,
+            sync_interval_s=0.05,
+            lease_ttl_s=5.0,
+            kept=KeptRevocations(tmp_path / "revoked-keys"),
+        )
+        other = replica(redis_server, "other")
+        await here.start()
+        await other.start()
+        revoked = here._revocations
+        push = revoked._script
+        failed = [0]
+
+        async def dropped(*args: Any, **kwargs: Any) -> Any:
+            failed[0] += 1
+            raise redis.exceptions.ConnectionError("connection dropped (the test's)")
+
+        try:
+            revoked._script = dropped  # type: ignore[assignment]  # Redis drops each push
+            await here.revoke_key(mine, share=False)  # made here: pushed by the next sync
+            assert await other.revoke_key(digest)
+            # Each sync from now on pushes `mine` and fails: the one that reads `digest` too.
+            await until_async(lambda: here.is_revoked(digest), "refused: listed after all")
+            assert failed[0] >= 1 and not here.healthy
+            assert digest in read_revocations(tmp_path / "revoked-keys")
+        finally:
+            revoked._script = push
+            await other.close()
+            await here.close()
+
+    asyncio.run(scenario())
+
+
+def _hold_lock(lock: Path) -> int:
+    """A descriptor holding the list's lock (`flock`, as `add_revocations` takes it):
+    each write of the list waits for it until it is closed (or its wait ends)."""
+    holder = os.open(lock, os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    return holder
 
 
 def test_a_reload_moving_the_list_says_it_needs_a_restart(
@@ -223,9 +316,11 @@ def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_
 ) -> None:
     """`kill -9` right after the gateway first refused a key revoked on another host
     through Redis, then a restart while Redis is down: the key is still refused. Its
-    list write is held up (the lock file a FIFO) until the gateway has learned the
-    revocation (the readiness detail's `unlisted_revocations`); before, it refused the
-    key at once with the write still waiting, and the restart served the key (200)."""
+    list write is held up (the test holds the list's lock) until the gateway has learned
+    the revocation (the readiness detail's `unlisted_revocations`); before, it refused the
+    key at once with the write still waiting, and the restart served the key (200). The
+    gateway waits `LOCK_WAIT_S` for the lock: a test slower than that sees the write fail
+    (the key refused, said unlisted) and waits for its retry to list it before the kill."""
     sim = start_sim("vllm", models=("m",), zero_latency=True)
     redis = {"backend": "redis", "url": redis_server.url, "key_prefix": "test"}
     state = {**redis, "timeout_ms": 200, "sync_interval_s": 0.05, "lease_ttl_s": 1}
@@ -235,10 +330,8 @@ def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_
     (other / "gateway.yaml").write_text(yaml.safe_dump(config))
     here = tmp_path / "here"
     here.mkdir()
-    lock = here / ".revoked-keys.lock"
-    os.mkfifo(lock)
+    holder = _hold_lock(here / ".revoked-keys.lock")
     gateway = GatewayProcess(config, here).start()
-    release: int | None = None
     try:
         assert _statuses(gateway.url, DOOMED) == [200]
         assert main(["keys", "revoke", DOOMED, "--config", str(other / "gateway.yaml")]) == 0
@@ -247,16 +340,21 @@ def test_a_gateway_killed_after_refusing_a_key_learned_from_redis_still_refuses_
             "the gateway learned the revocation; its list write is held up",
             detail=gateway.output,
         )
-        if _statuses(gateway.url, DOOMED) == [200]:  # not refused before it is listed
-            release = os.open(lock, os.O_WRONLY | os.O_NONBLOCK)  # the write goes on
-            until(lambda: _statuses(gateway.url, DOOMED) == [401], "refused once listed")
+        assert _statuses(gateway.url, DOOMED) in ([200], [401])  # 401: its wait ended
+        os.close(holder)  # the lock released: the write goes on
+        until(lambda: _statuses(gateway.url, DOOMED) == [401], "refused once listed")
+        if readiness(gateway.url)["state"]["unlisted_revocations"]:  # its wait ended first
+            until(
+                lambda: readiness(gateway.url)["state"]["unlisted_revocations"] == 0,
+                "the failed write retried",
+                detail=gateway.output,
+            )
         gateway.stop(signal.SIGKILL)  # at once: it refused the key
         redis_server.stop()
-        lock.unlink()  # the restarted gateway's own writes take a plain lock file
         gateway.start()  # Redis down: it starts degraded, from this host's list
         assert _statuses(gateway.url, DOOMED) == [401]  # before: 200, off the list
         assert _statuses(gateway.url, KEPT) == [200]
     finally:
-        if release is not None:
-            os.close(release)
+        with contextlib.suppress(OSError):  # closed already
+            os.close(holder)
         gateway.stop(signal.SIGKILL)

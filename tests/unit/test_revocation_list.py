@@ -7,11 +7,15 @@ cannot read; and a state built on it refuses those keys from the start."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from gateway.state import RevocationListError, create_state
 from gateway.state.revocation_keeper import KeptRevocations
@@ -22,6 +26,7 @@ from gateway.state.revocation_list import (
     read_revocations,
     render_revocations,
 )
+from tests.helpers.waiting import until_async
 
 
 def digest(n: int) -> str:
@@ -149,3 +154,82 @@ def test_a_failed_write_is_kept_for_the_next(tmp_path: Path) -> None:
     asyncio.run(kept.flush())
     assert kept.unwritten == 0
     assert read_revocations(blocker / "revoked-keys") == {digest(1)}
+
+
+def test_a_lock_file_that_is_no_regular_file_fails_the_write_at_once(tmp_path: Path) -> None:
+    """A FIFO where the list's lock file goes (made there by whoever may write the
+    directory): the write fails at once, naming it, and the revocation stays enforced.
+    Before, opening it waited for a writer for good: `revoke_key` (an admin revocation)
+    never returned, every later write of the list queued behind it, and a revocation
+    learned from Redis, enforced only once its write ends, was never enforced."""
+    path = tmp_path / "revoked-keys"
+    lock = tmp_path / ".revoked-keys.lock"
+    os.mkfifo(lock)
+    state = create_state("memory", revocations_file=path)
+    done: list[BaseException | None] = []
+
+    def revoke() -> None:
+        try:
+            asyncio.run(state.revoke_key(digest(3)))
+            done.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            done.append(exc)
+
+    thread = threading.Thread(target=revoke, daemon=True)
+    thread.start()
+    thread.join(timeout=30)  # a bound on a hang, not a wait for one: at once when fixed
+    if thread.is_alive():  # before: still opening the FIFO; let it go, then fail
+        with contextlib.suppress(OSError):
+            os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(timeout=30)
+        pytest.fail("revoke_key waited for good on a FIFO at the list's lock file")
+    assert done == [None]
+    assert state.is_revoked(digest(3))
+    assert state.status().unlisted_revocations == 1  # not written: said (status, log)
+    with pytest.raises(OSError, match="not a regular file"):
+        add_revocations(path, [digest(4)])
+    assert not path.exists()
+
+
+def test_a_look_that_fails_unexpectedly_fails_closed_and_the_watch_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A look at the list that raises something unforeseen (here `listed`, while the
+    test says so): the state refuses tenant requests until a look succeeds (`damaged`),
+    and the watch goes on: the digests a failed look found are handed over by the next.
+    Before, the exception ended the watch task without a word: the process never read
+    the list again, and what `owngate keys revoke` listed later stayed served."""
+    path = tmp_path / "revoked-keys"
+    kept = KeptRevocations(path, watch_s=0.01)
+    handed: list[frozenset[str]] = []
+    broken = [True]
+    raised = [0]
+
+    def listed(digests: frozenset[str]) -> None:
+        if broken[0]:
+            raised[0] += 1
+            raise RuntimeError("a bug in what the state does with them")
+        handed.append(digests)
+
+    kept.listed = listed
+
+    async def scenario() -> None:
+        kept.watch()
+        try:
+            add_revocations(path, [digest(1)])
+            await until_async(lambda: raised[0] >= 3, "looks failing, and going on")
+            assert kept.damaged is not None  # refusing tenant requests meanwhile
+            assert "the look at it failed (RuntimeError)" in kept.damaged
+            broken[0] = False
+            await until_async(lambda: kept.damaged is None, "a look after the failed ones")
+            assert handed == [{digest(1)}]
+            add_revocations(path, [digest(2)])
+            await until_async(lambda: len(handed) == 2, "a later change seen")
+            assert handed[1] == {digest(2)}
+        finally:
+            await kept.close()
+
+    with capture_logs() as logs:
+        asyncio.run(scenario())
+    errors = [e["event"] for e in logs if e["log_level"] == "error"]
+    assert errors == ["revoked keys list look failed"]  # once, until a look succeeds

@@ -3,39 +3,40 @@
 directory laid out like a log directory, so `verify_log` audits it like a copied one.
 
 Standard library only (urllib): an auditor installs `gateway.provenance` and nothing else.
-The served checkpoint is fetched first and, given the log's keys, verified before
-anything else is (its tree size is the server's word until then: a hostile server could
-claim any size); then exactly the tiles and bundles its tree size needs are fetched
-(tiles only grow, so later ones still hold it), one at a time, so the first one missing
-ends the copy. tlog-tiles serves no checkpoint history: the copy's history is that one
+The served checkpoint is fetched first and, given the log's keys, verified before anything
+else is (its tree size is the server's word until then: a hostile server could claim any
+size); then exactly the tiles and bundles its tree size needs are fetched (tiles only
+grow, so later ones still hold it), one at a time, so the first one missing ends the copy;
+a 429 (the admin API's log reads all taken) is asked again as its `retry-after` says
+(remote_busy.py). tlog-tiles serves no checkpoint history: the copy's history is that one
 checkpoint; earlier ones an auditor holds are checked with `--checkpoint` as usual.
 
 A hostile server is held to `FetchLimits`: each read waits at most `read_timeout_s`; each
 file, from connecting to its last byte, at most `file_deadline_s` (a watchdog shuts the
-connection's socket down, so a server dripping a byte just inside every read timeout,
-in the TLS handshake, the headers or the body, still ends); the whole copy, from the
+connection's socket down, so a server dripping a byte just inside every read timeout, in
+the TLS handshake, the headers or the body, still ends); the whole copy, from the
 checkpoint's GET to the last file's last byte, at most `copy_deadline_s` (a server
-dripping every file just inside its deadline would otherwise hold the auditor for as
-many deadlines as the log has files); a hash tile is at most its
-width times 32 bytes and a bundle its width times 2 + 65535; and the whole copy at most
-`max_bytes`, and never more than the tiles and bundles of the checkpoint's tree size can
-hold, so a checkpoint that is only the server's word cannot fill the disk. A redirect is
-followed only within the URL's origin (scheme, host and port): one to another host, to
-plain http from https or to ftp:// would carry the auditor's `--token` there (urllib
-copies every header onto the redirected request) and read the log from a server the
-auditor never named; it ends the copy (MalformedError). So does a redirect to a URL with
-userinfo (`http://user:pass@host/`), before any connection: urllib would take
-`user:pass@host` for the host name; the log URL may not hold one either (the token is
-`--token`). Neither is ever quoted with its userinfo (`without_userinfo`). With a token,
-no proxy is used: urllib took one from `http_proxy` in the environment (for a loopback
-URL too, without `no_proxy`), and a plain-http log URL (the admin listener's) handed the
-proxy the request with its `Authorization` header; without one, a public log is fetched
-through the environment's proxy as before.
+dripping every file just inside its deadline would otherwise hold the auditor for as many
+deadlines as the log has files); a hash tile is at most its width times 32 bytes and a
+bundle its width times 2 + 65535; and the whole copy at most `max_bytes`, and never more
+than the tiles and bundles of the checkpoint's tree size can hold, so a checkpoint that is
+only the server's word cannot fill the disk. A redirect is followed only within the URL's
+origin (scheme, host and port): one to another host, to plain http from https or to ftp://
+would carry the auditor's `--token` there (urllib copies every header onto the redirected
+request) and read the log from a server the auditor never named; it ends the copy
+(MalformedError). So does a redirect to a URL with userinfo (`http://user:pass@host/`),
+before any connection: urllib would take `user:pass@host` for the host name; the log URL
+may not hold one either (the token is `--token`). Neither is ever quoted with its userinfo
+(`without_userinfo`). With a token, no proxy is used: urllib took one from `http_proxy` in
+the environment (for a loopback URL too, without `no_proxy`), and a plain-http log URL
+(the admin listener's) handed the proxy the request with its `Authorization` header;
+without one, a public log is fetched through the environment's proxy as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import socket
 import threading
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gateway.provenance.audit.remote_busy import patiently, refused
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
@@ -106,7 +108,8 @@ def mirror_log(
 
     def fetch(name: str, limit: int) -> bytes | None:
         request = urllib.request.Request(base + name, headers=headers)  # noqa: S310 - http(s) only, checked above
-        data = _get(request, min(limit, budget.left), limits, clock, end)
+        get = functools.partial(_get, request, min(limit, budget.left), limits, clock, end)
+        data = patiently(get, clock, end)  # a 429 asked again after its retry-after
         if data is None:
             return None
         if len(data) > limit:
@@ -217,7 +220,7 @@ def _get(
             raise late from exc
         if exc.code == 404:
             return None
-        raise OSError(f"GET {request.full_url}: HTTP {exc.code}") from exc
+        raise refused(request.full_url, exc.code, exc.headers) from exc  # 429: Busy
     except (OSError, http.client.HTTPException) as exc:
         if watch.expired:
             raise late from exc
