@@ -223,6 +223,25 @@ def _drop_record(record: logging.LogRecord) -> bool:
     return False
 
 
+# Modules LiteLLM imports inside every call (`wrapper_async`): imported here, once, so a
+# call never runs an import on the event loop. The first builds a pydantic TypeAdapter of a
+# TypedDict with `ReadOnly` items, and pydantic warns about it: a warning of LiteLLM's own
+# code, shown once to nobody who can act on it (and an error where warnings are errors).
+_PER_CALL_MODULES: Final = ("litellm.llms.github_copilot.per_user_auth",)
+
+
+def _import_per_call_modules() -> None:
+    for name in _PER_CALL_MODULES:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"Items .* `ReadOnly` qualifier", category=UserWarning
+            )
+            try:
+                importlib.import_module(name)
+            except ImportError:  # another LiteLLM release: its call imports what it has
+                continue
+
+
 @functools.cache
 def load_litellm() -> ModuleType:
     """Import and configure LiteLLM once per process; later calls return the module."""
@@ -234,6 +253,7 @@ def load_litellm() -> ModuleType:
         "ignore", message="Pydantic serializer warnings", category=UserWarning, module="pydantic"
     )
     litellm = importlib.import_module("litellm")
+    _import_per_call_modules()
     for name, value in _SETTINGS.items():
         setattr(litellm, name, value)
     for name in _CALLBACK_LISTS:
