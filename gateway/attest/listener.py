@@ -44,7 +44,7 @@ from pathlib import Path
 
 from gateway.attest.protocol import Listener
 from gateway.attest.tls_alert import AlertingContext
-from gateway.tls_files import load_cert_chain, read_tls_file
+from gateway.tls_files import load_ca_bundle, load_cert_chain, read_tls_file
 from gateway.tls_options import harden
 from gateway.upstream.tls_anchors import partial_chain
 
@@ -76,13 +76,13 @@ def listener_context(
     load_cert_chain(context, cert_pem, key_pem, password=b"")
     if client_ca is not None:
         pem = read_tls_file(client_ca)  # never a FIFO, never unbounded
-        # The bytes read, never the path opened again. `cadata` takes ASCII only: PEM is, and
-        # a bundle's explanatory text in UTF-8 (which OpenSSL's file loader skipped) is left
-        # out, so a file that loaded before still does.
+        # The bytes read, never the path opened again; its PEM blocks as a backend's
+        # `tls.ca_file`'s, text around them (UTF-8 or not) skipped as OpenSSL's file loader
+        # does (gateway/tls_files.py)
         try:
-            context.load_verify_locations(cadata=pem.decode("ascii", errors="ignore"))
-        except (ssl.SSLError, ValueError):  # ValueError: an empty file
-            raise OSError(errno.EINVAL, "holds no PEM certificate", str(client_ca)) from None
+            pem = load_ca_bundle(context, pem)
+        except ValueError as exc:
+            raise OSError(errno.EINVAL, str(exc), str(client_ca)) from None
         # Before, a chain had to end at a self-signed root: the issuing CA the docs advise
         # naming admitted no client unless its root was in the file too, and then every
         # client certificate of the root's other CAs was admitted with it.

@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
-from gateway.tls_files import load_cert_chain, read_tls_file
+from gateway.tls_files import load_ca_bundle, load_cert_chain, read_tls_file
 from gateway.tls_options import harden, os_roots_context
 from gateway.upstream.tls_anchors import partial_chain
 
@@ -264,21 +264,20 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
             files.append(config_dir / settings.ca_file)
             data = _read(backend.id, "ca_file", files[-1])
             read.append(hashlib.sha256(data).hexdigest())
-            try:
-                context.load_verify_locations(cadata=data.decode("ascii"))
-            except (ssl.SSLError, UnicodeDecodeError, ValueError):
-                # What the file says, not whether it could be read: `from None`, as an
-                # SSLError is an OSError, and a reload reads again one whose cause is (a
-                # worker of several stale meanwhile: every worker, refusing everything).
+            try:  # its PEM blocks, text around them skipped as OpenSSL's file loader does
+                pem = load_ca_bundle(context, data)
+            except ValueError as exc:
+                # What the file says, not whether it could be read: a ValueError, never an
+                # OSError (an SSLError is one), and a reload reads again one whose cause is
+                # (a worker of several stale meanwhile: every worker, refusing everything).
                 raise ValueError(
-                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
-                    "holds no PEM certificate"
+                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: {exc}"
                 ) from None
             try:
                 # An issuing CA as an anchor of its own, its root absent (tls_anchors.py):
                 # the root (and every CA it issued: users', other teams') need not be
                 # trusted to attest a backend's facts.
-                if partial_chain(data):
+                if partial_chain(pem):
                     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
             except ValueError as exc:
                 raise ValueError(
