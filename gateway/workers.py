@@ -21,7 +21,7 @@ supervisor
   worker dead in its restart backoff has nothing to drain and is not counted, unless it
   died 5 times in a row right after starting: then 1; see `_prepare_worker`).
 
-What differs in a worker (`for_worker`):
+What differs in a worker (its config changed by `gateway.worker_identity.for_worker`):
 
 - provenance: its own log in `<provenance.dir>/worker-<i>` with the origin
   `<provenance.origin>/worker-<i>`, signed with the configured key, and its own
@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -70,54 +70,15 @@ from gateway.serving import STOP_SIGNALS, bind_socket
 from gateway.state.memory import RESTARTED_ENV, WORKERS_ENV, unsplittable
 from gateway.tenants import tenant_limits
 from gateway.upstream.tenant_share import config_share_unsplittable
+from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 
-__all__ = ["Supervisor", "WorkerIdentity", "for_worker", "start_warnings", "worker_identity"]
+__all__ = ["Supervisor", "start_warnings", "supervise"]
 
-INDEX_ENV = "OWNGATE_WORKER_INDEX"
 NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"  # `serve --new-log-origin`'s variable
-RUNTIME_ENV = "OWNGATE_WORKER_RUNTIME_DIR"
 _QUICK_DEATH_S = 5.0  # a worker dead this soon after starting did not really start
 _MAX_QUICK_DEATHS = 5
 _STOP_MARGIN_S = 15.0  # past the drain deadline: the app's cut, the final checkpoint
 _PR_SET_PDEATHSIG = 1  # prctl(2)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerIdentity:
-    index: int  # 1..N
-    runtime_dir: Path
-
-
-def worker_identity(environ: Mapping[str, str]) -> WorkerIdentity | None:
-    """This process's place among the workers; None when it is not a worker."""
-    index = environ.get(INDEX_ENV)
-    runtime = environ.get(RUNTIME_ENV)
-    if not index or not runtime:
-        return None
-    return WorkerIdentity(int(index), Path(runtime))
-
-
-def for_worker(
-    identity: WorkerIdentity | None, config_dir: Path = Path(".")
-) -> Callable[[GatewaySettings], GatewaySettings]:
-    """What a worker changes in a loaded config (read from `config_dir`): its own
-    provenance log, origin and high-water file (`ProvenanceSettings.for_worker`), and its
-    own shared-state replica id when one is configured (each worker holds its own leases
-    and in-flight counts, so two must never share an id)."""
-
-    def prepare(config: GatewaySettings) -> GatewaySettings:
-        if identity is None:
-            return config
-        update: dict[str, object] = {}
-        if config.provenance is not None:
-            update["provenance"] = config.provenance.for_worker(identity.index, config_dir)
-        if config.state.replica_id:
-            update["state"] = config.state.model_copy(
-                update={"replica_id": f"{config.state.replica_id}-worker-{identity.index}"}
-            )
-        return config.model_copy(update=update) if update else config
-
-    return prepare
 
 
 @dataclasses.dataclass

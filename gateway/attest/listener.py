@@ -7,11 +7,11 @@ sidecar's key (`tls.pin_spki_sha256`, docs/backend-tls.md). TLS 1.2 is the minim
 renegotiation is refused, as on the gateway's side (`gateway/tls_options.py`); HTTP/1.1
 is offered by ALPN.
 
-The client CA file is read once, as a backend's `tls.ca_file` is (gateway/upstream/tls.py):
-a regular file of at most `MAX_CLIENT_CA_BYTES`, refused otherwise with an OSError naming
-it (the sidecar does not start), and loaded from the very bytes read. OpenSSL opened the
-path itself, then `read_bytes()` read it again: a FIFO there (named by mistake, or swapped
-in) held the sidecar's start waiting for a writer, and `/dev/zero` was read without end.
+The certificate, key and client CA files are each read once, as a backend's TLS files are
+(gateway/tls_files.py): a regular file of at most `MAX_TLS_FILE`, refused otherwise with an
+OSError naming it (the sidecar does not start), and loaded from the very bytes read.
+OpenSSL opened the paths itself: a FIFO there (named by mistake, or swapped in) held the
+sidecar's start waiting for a writer, and `/dev/zero` was read without end.
 
 `TlsAcceptor` accepts its connections: one counts against the connection cap from the
 moment it is accepted, its handshake included. Past the cap it drops a connection that
@@ -44,13 +44,11 @@ from pathlib import Path
 
 from gateway.attest.protocol import Listener
 from gateway.attest.tls_alert import AlertingContext
-from gateway.small_files import read_small_file
+from gateway.tls_files import load_ca_bundle, load_cert_chain, read_tls_file
 from gateway.tls_options import harden
 from gateway.upstream.tls_anchors import partial_chain
 
-__all__ = ["MAX_CLIENT_CA_BYTES", "SHUTDOWN_TIMEOUT_S", "TlsAcceptor", "listener_context"]
-
-MAX_CLIENT_CA_BYTES = 4 * 1024 * 1024  # a CA bundle (as a backend's tls.ca_file at most)
+__all__ = ["SHUTDOWN_TIMEOUT_S", "TlsAcceptor", "listener_context"]
 
 _ACCEPTS_PER_WAKE = 128  # connections taken per wake-up of the listening socket
 _ACCEPT_RETRY_S = 0.5  # how long accepting pauses when accept() fails (no descriptors)
@@ -68,22 +66,23 @@ def listener_context(
     (`tls_anchors.partial_chain`), so an issuing CA named without its root admits what it
     issued and nothing its root's other CAs did. A client it refuses is sent the handshake's
     alert, so it reads why (`AlertingContext`). OSError or ssl.SSLError when a file is
-    missing or does not fit (a `client_ca` that is not a regular file of at most
-    `MAX_CLIENT_CA_BYTES`: OSError naming it, unread); ValueError for a `client_ca` mixing
-    a lone CA with a root and a CA below it (its text names both)."""
+    missing or does not fit (one that is not a regular file of at most `MAX_TLS_FILE`:
+    OSError naming it, unread); ValueError for a `client_ca` mixing a lone CA with a root
+    and a CA below it (its text names both)."""
     context = harden(AlertingContext(ssl.PROTOCOL_TLS_SERVER))
     context.set_alpn_protocols(["http/1.1"])
+    cert_pem, key_pem = read_tls_file(cert_file), read_tls_file(key_file)  # never a FIFO
     # An encrypted key fails here (the empty passphrase does not open it), never prompts.
-    context.load_cert_chain(cert_file, key_file, password=b"")
+    load_cert_chain(context, cert_pem, key_pem, password=b"")
     if client_ca is not None:
-        pem = read_small_file(client_ca, MAX_CLIENT_CA_BYTES)  # never a FIFO, never unbounded
-        # The bytes read, never the path opened again. `cadata` takes ASCII only: PEM is, and
-        # a bundle's explanatory text in UTF-8 (which OpenSSL's file loader skipped) is left
-        # out, so a file that loaded before still does.
+        pem = read_tls_file(client_ca)  # never a FIFO, never unbounded
+        # The bytes read, never the path opened again; its PEM blocks as a backend's
+        # `tls.ca_file`'s, text around them (UTF-8 or not) skipped as OpenSSL's file loader
+        # does (gateway/tls_files.py)
         try:
-            context.load_verify_locations(cadata=pem.decode("ascii", errors="ignore"))
-        except (ssl.SSLError, ValueError):  # ValueError: an empty file
-            raise OSError(errno.EINVAL, "holds no PEM certificate", str(client_ca)) from None
+            pem = load_ca_bundle(context, pem)
+        except ValueError as exc:
+            raise OSError(errno.EINVAL, str(exc), str(client_ca)) from None
         # Before, a chain had to end at a self-signed root: the issuing CA the docs advise
         # naming admitted no client unless its root was in the file too, and then every
         # client certificate of the root's other CAs was admitted with it.

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from gateway.api.app import GatewayApp
     from gateway.config import GatewaySettings
     from gateway.serving import BesideServer
-    from gateway.workers import WorkerIdentity
+    from gateway.worker_identity import WorkerIdentity
 
 __all__ = ["register"]
 
@@ -104,7 +104,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.workers import for_worker, supervise, worker_identity
+    from gateway.worker_identity import for_worker, worker_identity
+    from gateway.workers import supervise
 
     _ignore_sighup_until_served()
     if args.workers < 1:
@@ -172,7 +173,7 @@ def _serve(
         settle_heap,
         uvicorn_config,
     )
-    from gateway.workers import for_worker
+    from gateway.worker_identity import for_worker
 
     try:
         app = create_app(

@@ -33,15 +33,12 @@ zero-data-retention flag the certificate does not state excludes the backend: th
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import math
-import os
 import re
 import ssl
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +48,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from gateway.config.backends import FACT_NAME
 from gateway.config.schema import BackendSettings
-from gateway.small_files import read_small_file
+from gateway.tls_files import load_ca_bundle, load_cert_chain, read_tls_file
 from gateway.tls_options import harden, os_roots_context
 from gateway.upstream.tls_anchors import partial_chain
 
@@ -73,8 +70,6 @@ _TERMS = re.compile(r"(none|0d|[1-9][0-9]{0,5}d(\+zdr)?)(\+training)?\Z")
 _FACTS = ("region", "owner", "retention")
 # A URI quoted in an error (the breaker's reason, /admin/status, the log): cut to this
 _SHOWN = 80
-# A CA bundle (Mozilla's is about 220 kB), a certificate chain or a key: far below this.
-_MAX_TLS_FILE = 4 * 1024 * 1024
 
 
 class TLSRejectedError(Exception):
@@ -269,21 +264,20 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
             files.append(config_dir / settings.ca_file)
             data = _read(backend.id, "ca_file", files[-1])
             read.append(hashlib.sha256(data).hexdigest())
-            try:
-                context.load_verify_locations(cadata=data.decode("ascii"))
-            except (ssl.SSLError, UnicodeDecodeError, ValueError):
-                # What the file says, not whether it could be read: `from None`, as an
-                # SSLError is an OSError, and a reload reads again one whose cause is (a
-                # worker of several stale meanwhile: every worker, refusing everything).
+            try:  # its PEM blocks, text around them skipped as OpenSSL's file loader does
+                pem = load_ca_bundle(context, data)
+            except ValueError as exc:
+                # What the file says, not whether it could be read: a ValueError, never an
+                # OSError (an SSLError is one), and a reload reads again one whose cause is
+                # (a worker of several stale meanwhile: every worker, refusing everything).
                 raise ValueError(
-                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: "
-                    "holds no PEM certificate"
+                    f"backend {backend.id}: tls.ca_file {config_dir / settings.ca_file}: {exc}"
                 ) from None
             try:
                 # An issuing CA as an anchor of its own, its root absent (tls_anchors.py):
                 # the root (and every CA it issued: users', other teams') need not be
                 # trusted to attest a backend's facts.
-                if partial_chain(data):
+                if partial_chain(pem):
                     context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
             except ValueError as exc:
                 raise ValueError(
@@ -297,7 +291,8 @@ def backend_tls(backend: BackendSettings, host: str, config_dir: Path) -> Backen
             key_pem = _read(backend.id, "client_key_file", key)
             read += (hashlib.sha256(cert_pem).hexdigest(), hashlib.sha256(key_pem).hexdigest())
             try:  # an encrypted key fails here, never prompts for a passphrase
-                _load_chain(context, cert_pem, key_pem)
+                # the bytes read and digested, never the paths opened again (tls_files)
+                load_cert_chain(context, cert_pem, key_pem, _no_passphrase)
             except (ssl.SSLError, _EncryptedKeyError) as exc:  # what they say (`from None`)
                 why = "it is encrypted" if isinstance(exc, _EncryptedKeyError) else exc.reason
                 raise ValueError(
@@ -331,34 +326,6 @@ class _EncryptedKeyError(Exception):
     pass
 
 
-def _load_chain(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:
-    """`load_cert_chain` of the bytes read and checked (a regular file, bounded), never of
-    the paths opened again: a file swapped for a FIFO in between hung the reload's thread
-    (and its lock) in OpenSSL's open, and another file would load bytes other than those
-    digested. They go through anonymous memory files (Linux `memfd_create`, named by
-    `/proc/self/fd`); elsewhere, a private temporary directory removed at once."""
-    with _as_file(cert_pem, "cert") as cert, _as_file(key_pem, "key") as key:
-        context.load_cert_chain(cert, key, password=_no_passphrase)
-
-
-@contextlib.contextmanager
-def _as_file(data: bytes, name: str) -> Iterator[str]:
-    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        fd = os.memfd_create(f"owngate-tls-{name}", os.MFD_CLOEXEC)
-        try:
-            with os.fdopen(os.dup(fd), "wb") as handle:
-                handle.write(data)
-            yield f"/proc/self/fd/{fd}"
-        finally:
-            os.close(fd)
-        return
-    with tempfile.TemporaryDirectory(prefix="owngate-tls-") as directory:  # mode 0700
-        path = os.path.join(directory, name)
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
-            handle.write(data)
-        yield path
-
-
 def _no_passphrase() -> bytes:
     raise _EncryptedKeyError
 
@@ -371,6 +338,6 @@ def _files_digest(backend: str, files: Iterable[Path]) -> str:
 
 def _read(backend: str, key: str, path: Path) -> bytes:
     try:
-        return read_small_file(path, _MAX_TLS_FILE)
+        return read_tls_file(path)
     except OSError as exc:
         raise ValueError(f"backend {backend}: tls.{key} {path}: {exc.strerror}") from exc

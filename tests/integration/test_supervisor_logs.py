@@ -16,7 +16,8 @@ import structlog
 
 from gateway import access_log
 from gateway.logs import configure_logging
-from gateway.workers import INDEX_ENV, Supervisor
+from gateway.worker_identity import INDEX_ENV
+from gateway.workers import Supervisor
 from tests.helpers.waiting import until
 
 # Each worker says it started, then serves until SIGTERM and exits 3 (a failed drain). Its

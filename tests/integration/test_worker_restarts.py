@@ -26,7 +26,8 @@ from gateway.api.fleet import merge_expositions
 from gateway.api.recorder_log import NEW_LOG_ORIGIN_ENV
 from gateway.logs import configure_logging
 from gateway.serving import bind_socket
-from gateway.workers import INDEX_ENV, RUNTIME_ENV, Supervisor
+from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
+from gateway.workers import Supervisor
 from tests.helpers.waiting import until
 
 # Worker 1 serves until SIGTERM; worker 2 dies at once, as `serve` does on an invalid file.

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.api.fleet import merge_expositions
 from gateway.provenance import load_verifiers, verify_log, verify_receipt, write_signing_key
 from gateway.tenants import hash_api_key
-from gateway.workers import WorkerIdentity, for_worker
+from gateway.worker_identity import WorkerIdentity, for_worker
 from tests.helpers.gateways import Sim, backend, gateway_config
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess, worker_pids

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.workers import INDEX_ENV
+from gateway.worker_identity import INDEX_ENV
 from tests.helpers.processes import GatewayProcess, listening_sockets, owngate_argv, worker_pids
 from tests.helpers.waiting import until
 

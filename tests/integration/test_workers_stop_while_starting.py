@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.provenance import load_verifiers, verify_log, write_signing_key
-from gateway.workers import INDEX_ENV
+from gateway.worker_identity import INDEX_ENV
 from tests.helpers.processes import GatewayProcess, owngate_argv
 from tests.helpers.waiting import until
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gateway.attest import listener_context
-from gateway.attest.listener import MAX_CLIENT_CA_BYTES
 from gateway.cli.main import main
+from gateway.tls_files import MAX_TLS_FILE
 from tests.helpers.fifo_guard import call_guarded
 from tests.helpers.tls import Pki
 
@@ -53,8 +53,8 @@ def test_a_client_ca_too_large_or_without_a_certificate_is_refused(tmp_path: Pat
     pki = Pki.create(tmp_path / "pki")
     cert, key = pki.write("sidecar", pki.server())
     huge = tmp_path / "huge.pem"
-    huge.write_bytes(pki.ca.cert_pem + b"#" * MAX_CLIENT_CA_BYTES)
-    with pytest.raises(OSError, match=f"larger than {MAX_CLIENT_CA_BYTES} bytes"):
+    huge.write_bytes(pki.ca.cert_pem + b"#" * MAX_TLS_FILE)
+    with pytest.raises(OSError, match=f"larger than {MAX_TLS_FILE} bytes"):
         listener_context(cert, key, huge)
     for name, content in (("empty.pem", b""), ("junk.pem", b"junk\n")):
         (tmp_path / name).write_bytes(content)

@@ -18,12 +18,12 @@ import pytest
 import yaml
 
 from gateway import tenants as tenants_module
+from gateway import tls_files
 from gateway.app import create_app
 from gateway.config import ConfigError, load_config
 from gateway.pki import make_ca
 from gateway.small_files import read_small_file
 from gateway.tenants import hash_api_key
-from gateway.upstream import tls as tls_module
 from tests.helpers.gateways import backend, gateway_config
 
 KEY = "og-unreadable-test-key-0123456789"
@@ -240,7 +240,7 @@ def test_a_backend_ca_file_that_could_not_be_read_is_read_again(
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
         return read_small_file(file, limit)
 
-    monkeypatch.setattr(tls_module, "read_small_file", out_of_descriptors_once)
+    monkeypatch.setattr(tls_files, "read_small_file", out_of_descriptors_once)
 
     async def looks() -> None:
         for _ in range(8):  # bounded: a change settles in two looks, a retry in two more

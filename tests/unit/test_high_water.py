@@ -23,7 +23,7 @@ from gateway.provenance.formats.wal import encode_frame
 from gateway.provenance.testing import seeded_signer
 from gateway.provenance.writer.high_water import MAX_FILE, MAX_RETIRING, HighWater
 from gateway.provenance.writer.store import LogStore
-from gateway.workers import WorkerIdentity, for_worker
+from gateway.worker_identity import WorkerIdentity, for_worker
 from tests.helpers.gateways import backend, gateway_config
 
 A, B, C = "gw.example/log/a", "gw.example/log/b", "gw.example/log/c"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.state import WORKERS_ENV, MemoryState, create_state, limit_copies
-from gateway.workers import INDEX_ENV, RUNTIME_ENV
+from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 
 
 @pytest.mark.parametrize(

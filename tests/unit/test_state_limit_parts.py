@@ -26,7 +26,7 @@ from gateway.state import (
     unsplittable,
 )
 from gateway.validation import validate
-from gateway.workers import INDEX_ENV, RUNTIME_ENV
+from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import backend, gateway_config
 

@@ -19,7 +19,7 @@ from gateway.state import (
     create_state,
     restarted_worker,
 )
-from gateway.workers import INDEX_ENV, RUNTIME_ENV
+from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.clock import FakeClock
 
 WORKER = {RUNTIME_ENV: "/run/owngate/workers", WORKERS_ENV: "2", INDEX_ENV: "2"}

@@ -13,7 +13,7 @@ from gateway.state import WORKERS_ENV
 from gateway.tenants import hash_api_key
 from gateway.upstream.tenant_share import TenantShare, hosted_calls, share_cap, share_unsplittable
 from gateway.validation import validate
-from gateway.workers import INDEX_ENV, RUNTIME_ENV
+from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.gateways import OTHER_KEY, TENANT_KEY, backend, gateway_config, hosted_backend
 
 

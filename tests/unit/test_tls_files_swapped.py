@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway import tls_files
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.pki import issue, make_ca
@@ -45,7 +46,7 @@ def test_a_client_certificate_swapped_for_a_fifo_after_its_read_is_not_opened_ag
             os.mkfifo(tmp_path / "client.pem")
         return data
 
-    monkeypatch.setattr(tls_module, "read_small_file", read_then_swapped)
+    monkeypatch.setattr(tls_files, "read_small_file", read_then_swapped)
     outcome: list[object] = []
 
     def build() -> None:

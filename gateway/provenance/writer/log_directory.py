@@ -36,10 +36,10 @@ def _identity(stat: os.stat_result) -> tuple[int, int]:
 class LogDirectory:
     """A log directory locked by this writer (an exclusive `flock` on its lock file)."""
 
-    def __init__(self, path: Path, lock_fd: int) -> None:
+    def __init__(self, path: Path, lock_fd: int, identity: tuple[int, int]) -> None:
         self.path = path
         self._lock_fd = lock_fd
-        self._identity = _identity(os.stat(path))  # the directory that was opened
+        self._identity = identity  # the directory that was opened
 
     @classmethod
     def lock(cls, path: Path) -> LogDirectory:
@@ -54,7 +54,15 @@ class LogDirectory:
         except OSError as exc:
             os.close(lock_fd)
             raise LogUnavailableError(f"{path} is already open by another writer") from exc
-        return cls(path, lock_fd)
+        try:
+            identity = _identity(os.stat(path))
+        except OSError as exc:
+            # Removed right after the lock was taken (or its search permission taken away):
+            # a clear error, and the lock let go. Before, a raw OSError escaped the open,
+            # and the lock's descriptor, never closed, kept the flock until the process ended.
+            os.close(lock_fd)
+            raise unavailable("open", exc) from exc
+        return cls(path, lock_fd, identity)
 
     def check_same(self) -> None:
         """Raise OSError unless the directory is still the one that was opened."""
