@@ -93,9 +93,7 @@ Every stream wrapper LiteLLM creates keeps 13 of its chunks at most, not every o
 of its text (`install_stream_bound`, gateway/upstream/hosted_stream.py): it kept them all
 until the stream ended, about 4 KB a chunk. Its parser of an Anthropic stream keeps two
 deltas a content block and none of the thinking text (`install_delta_bound`,
-gateway/upstream/anthropic_deltas.py): it kept every one, about 1 KB each. It gives a
-turn Anthropic paused (`pause_turn`), or ended for a reason unknown or null, no finish
-reason, where it gave `"stop"` (`install_stop_reasons`, gateway/upstream/anthropic_stops.py).
+gateway/upstream/anthropic_deltas.py): it kept every one, about 1 KB each.
 
 A chat or text completion LiteLLM serves through a Responses API (its bridge) asks the
 provider to store nothing: `"store": false`, which that API does not default to
@@ -120,7 +118,6 @@ from typing import Any, Final
 
 from gateway.logs import get_logger
 from gateway.upstream.anthropic_deltas import install_delta_bound
-from gateway.upstream.anthropic_stops import install_stop_reasons
 from gateway.upstream.hosted_libraries import (
     install_botocore_rules,
     install_hosted_roots,
@@ -223,25 +220,6 @@ def _drop_record(record: logging.LogRecord) -> bool:
     return False
 
 
-# Modules LiteLLM imports inside every call (`wrapper_async`): imported here, once, so a
-# call never runs an import on the event loop. The first builds a pydantic TypeAdapter of a
-# TypedDict with `ReadOnly` items, and pydantic warns about it: a warning of LiteLLM's own
-# code, shown once to nobody who can act on it (and an error where warnings are errors).
-_PER_CALL_MODULES: Final = ("litellm.llms.github_copilot.per_user_auth",)
-
-
-def _import_per_call_modules() -> None:
-    for name in _PER_CALL_MODULES:
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore", message=r"Items .* `ReadOnly` qualifier", category=UserWarning
-            )
-            try:
-                importlib.import_module(name)
-            except ImportError:  # another LiteLLM release: its call imports what it has
-                continue
-
-
 @functools.cache
 def load_litellm() -> ModuleType:
     """Import and configure LiteLLM once per process; later calls return the module."""
@@ -253,7 +231,6 @@ def load_litellm() -> ModuleType:
         "ignore", message="Pydantic serializer warnings", category=UserWarning, module="pydantic"
     )
     litellm = importlib.import_module("litellm")
-    _import_per_call_modules()
     for name, value in _SETTINGS.items():
         setattr(litellm, name, value)
     for name in _CALLBACK_LISTS:
@@ -271,7 +248,6 @@ def load_litellm() -> ModuleType:
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     install_text_client_default()  # a bridged text completion: the gateway's client, closed
     install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking
-    install_stop_reasons()  # ... and no finish reason for a paused (or unknown) stop
     for module in _FIRST_CALL_MODULES:  # here, not beside the first call's traffic
         with contextlib.suppress(ImportError):  # another LiteLLM: its first call imports it
             importlib.import_module(module)
