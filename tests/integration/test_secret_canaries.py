@@ -109,9 +109,7 @@ class _EchoingRedis:
                     pass
 
 
-def _hosted(
-    id: str, url: str, provider: str, model: str, key_env: str | None
-) -> dict[str, Any]:
+def _hosted(id: str, url: str, provider: str, model: str, key_env: str | None) -> dict[str, Any]:
     backend: dict[str, Any] = {
         "id": id,
         "kind": "hosted",
