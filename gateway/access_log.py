@@ -5,7 +5,7 @@ every field took most of it, then a flushed write per line). Its fields are a fi
 of gateway-made values (ids, config names, enums, numbers; `Exchange.model` is a
 configured name or "<unknown>", never the client's string), so this writer encodes the
 line with one `orjson.dumps` and checks the encoded bytes once for anything secret-shaped,
-for anything but short plain ASCII (a non-ASCII byte, a JSON escape, more than
+for anything but short plain ASCII (a non-ASCII byte, a JSON escape, DEL, more than
 `PLAIN_LINE_BYTES`: a policy version is any string its author wrote, bidi overrides and
 megabytes included) and its field names against `FIELDS`; only a hit (never expected)
 re-encodes through `gateway.logs.redact`, which cuts and escapes, so the redaction and
@@ -138,6 +138,7 @@ class AccessLog:
             or len(line) > PLAIN_LINE_BYTES
             or not line.isascii()  # a bidi override, a look-alike, an invisible
             or line.find(b"\\") >= 0  # a JSON escape: a control character, a quote
+            or line.find(b"\x7f") >= 0  # DEL: ASCII, but not printable, and no JSON escape
             or not FIELDS.issuperset(fields)
         ):
             line = orjson.dumps(redact(None, "info", fields), option=orjson.OPT_APPEND_NEWLINE)

@@ -1,8 +1,8 @@
 """Library log lines that would say what the far side of a connection sent, or what a
 signed request held, kept out of the gateway's log (the stdlib handler's filter,
 installed by gateway/logs.py `configure_logging`): the info and debug lines of HTTP
-client libraries and of the AWS SDK, and the strings an OpenTelemetry exporter's line
-quotes."""
+client libraries and of the AWS SDK, the arguments of their warnings, and the strings an
+OpenTelemetry exporter's line quotes."""
 
 from __future__ import annotations
 
@@ -13,11 +13,26 @@ __all__ = ["AWS_SDK_LOGGERS", "EXPORTER_LOGGERS", "REMOTE_WORDS_LOGGERS", "Quiet
 
 # HTTP client libraries whose info and debug lines say what the far side sent: the OpenAI
 # SDK (under LiteLLM) logs a hosted provider's `x-request-id` header as it came (`request_id:
-# %s`), httpx the status line's reason phrase, httpcore and hpack every response header.
-# A provider, or a backend that quotes a client's request, chooses those strings; only
-# these libraries' warnings and errors are written (`QuietRemoteWords`). A filter on the
-# handler, not a logger level: `OPENAI_LOG=debug` sets the SDK's level when it is imported.
-REMOTE_WORDS_LOGGERS: Final = ("openai", "anthropic", "httpx", "httpcore", "hpack")
+# %s`), httpx (and httpx2, the SDK's own client) the status line's reason phrase, httpcore
+# (httpcore2) and hpack every response header, urllib3 (under botocore's credential fetches
+# and the OTLP/HTTP exporter) a redirect's `Location`. A provider, a collector, an AWS
+# endpoint, or a backend that quotes a client's request, chooses those strings. Only these
+# libraries' warnings and errors are written (`QuietRemoteWords`), and of those only the
+# library's own words: urllib3's warnings quote the far side as their arguments (`Failed to
+# parse headers (url=%s): %s` the header bytes it could not parse, `Certificate did not
+# match expected hostname: %s. Certificate: %s` the peer's certificate, `Retrying (%r) after
+# connection broken by '%r'` a status line it could not read). A filter on the handler, not
+# a logger level: `OPENAI_LOG=debug` sets the SDK's level when it is imported.
+REMOTE_WORDS_LOGGERS: Final = (
+    "openai",
+    "anthropic",
+    "httpx",
+    "httpx2",
+    "httpcore",
+    "httpcore2",
+    "hpack",
+    "urllib3",
+)
 
 # The AWS SDK, which LiteLLM runs to sign a Bedrock (or SageMaker) call and to fetch its
 # credentials. Its debug lines write what it signs and sends and what AWS answered:
@@ -41,15 +56,46 @@ _EXPORTER_KINDS: Final = frozenset({"span", "spans", "metric", "metrics", "log",
 
 class QuietRemoteWords(logging.Filter):
     """Drops the info and debug lines of `REMOTE_WORDS_LOGGERS` and `AWS_SDK_LOGGERS`
-    (and their children), and withholds the strings an `EXPORTER_LOGGERS` line quotes."""
+    (and their children) and writes each argument of their warnings as what it is, never
+    what it says (`_withheld`); withholds the strings an `EXPORTER_LOGGERS` line quotes."""
 
     def filter(self, record: logging.LogRecord) -> bool:  # the stdlib's name
         name = record.name
         if name.startswith(EXPORTER_LOGGERS) and isinstance(record.args, tuple):
             record.args = tuple(_exporter_arg(arg) for arg in record.args)
-        if record.levelno >= logging.WARNING:
+        if not any(name == library or name.startswith(library + ".") for library in _QUIET):
             return True
-        return not any(name == library or name.startswith(library + ".") for library in _QUIET)
+        if record.levelno < logging.WARNING:
+            return False
+        record.msg, record.args = _library_words(record), ()
+        return True
+
+
+def _library_words(record: logging.LogRecord) -> str:
+    """The line's format (the library's own words), what fills it `_withheld`."""
+    if not isinstance(record.msg, str):  # `log.warning(exc)`: the object is the message
+        return str(_withheld(record.msg))
+    args = record.args
+    if not args:
+        return record.msg
+    try:
+        if isinstance(args, dict) and "%(" in record.msg:  # `%(name)s` formats
+            return record.msg % {key: _withheld(arg) for key, arg in args.items()}
+        if isinstance(args, dict):  # one dict argument (`logging` unwraps it): its keys too
+            return record.msg % (_withheld(args),)
+        return record.msg % tuple(_withheld(arg) for arg in args)
+    except (TypeError, ValueError, KeyError):  # a format that wanted what was withheld
+        return f"{record.msg} [its arguments withheld]"
+
+
+def _withheld(arg: object) -> object:
+    """A number as it is (a status code, a count, a pool size); anything else as its
+    length or its class (`%r` of a `str` still formats it: a string comes back)."""
+    if arg is None or isinstance(arg, (int, float)):
+        return arg
+    if isinstance(arg, (str, bytes, bytearray)):
+        return f"[withheld: {len(arg)} {'characters' if isinstance(arg, str) else 'bytes'}]"
+    return f"[withheld: {type(arg).__qualname__}]"
 
 
 def _exporter_arg(arg: object) -> object:

@@ -27,7 +27,8 @@ reads it on each AWS route), which LiteLLM takes over `AWS_REGION_NAME` (it sent
 backend declared `eu-central-1` to `bedrock-runtime.us-east-1.amazonaws.com`); with one,
 the Region in an AWS host name (`bedrock-runtime.us-east-1.amazonaws.com`). Without
 either, LiteLLM would take the Region from the environment: each call names it instead
-(gateway/upstream/provider_regions.py).
+(gateway/upstream/provider_regions.py), the one a `base_url` host names too (`host_region`):
+the URL says where a call goes, the Region it is signed for is the call's.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "arn_region",
     "check_bedrock_profiles",
     "check_bedrock_regions",
+    "host_region",
 ]
 
 _BEDROCK_PREFIXES: Final = ("bedrock/",)
@@ -150,8 +152,8 @@ def check_bedrock_regions(
     """Raise ValueError when the AWS Region a Bedrock backend's config names (its
     `base_url` host's, else an ARN's) is not the declared `region` (nor in its area)."""
     if base_url is not None:
-        host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
-        if not any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS):
+        host = _aws_host(base_url)
+        if host is None:
             return  # not an AWS host: taken as declared (docs/configuration.md)
         for named in (p for p in host.split(".") if AWS_REGION.fullmatch(p)):
             if not _within(named, region):
@@ -170,6 +172,21 @@ def check_bedrock_regions(
                     f"LiteLLM sends it, but the backend declares region {region!r}, which "
                     "policies judge"
                 )
+
+
+def host_region(base_url: str) -> str | None:
+    """The AWS Region an AWS host name in `base_url` names (`bedrock-runtime.eu-west-1.
+    amazonaws.com`: `eu-west-1`; `check_bedrock_regions` checked every one it names is
+    within the declared region), or None."""
+    host = _aws_host(base_url)
+    named = [p for p in host.split(".") if AWS_REGION.fullmatch(p)] if host else []
+    return named[0] if named else None
+
+
+def _aws_host(base_url: str) -> str | None:
+    """`base_url`'s host name, lowercase, when it is in one of AWS's domains; else None."""
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    return host if any(host == d or host.endswith(f".{d}") for d in _AWS_DOMAINS) else None
 
 
 def _arn_regions(model: str) -> list[str]:

@@ -24,8 +24,12 @@ declared area (`region: eu`), the one the environment names (LiteLLM's own order
 default where none is set) when it is within that area. A backend whose Region cannot be
 pinned so (the environment names one outside the declared area, or none and LiteLLM's
 default is outside it) is refused at start, naming both. A Bedrock backend with a
-`base_url` goes to that URL's host (checked at config load), and is not pinned. A
-SageMaker one is pinned all the same: LiteLLM builds its URL from the Region alone
+`base_url` goes to that URL's host (checked at config load), and is pinned all the same:
+LiteLLM signs a call (SigV4) for the call's Region, not the URL's, so one declared
+`region: eu-west-1` signed for `us-west-2` (or the environment's Region), which a real
+regional endpoint refuses. Its pin is the Region an AWS host in its `base_url` names
+(`bedrock-runtime.eu-west-1.amazonaws.com`, checked within the declared one), else as
+above. A SageMaker one is pinned as above: LiteLLM builds its URL from the Region alone
 (`runtime.sagemaker.<region>.amazonaws.com`), never reading `api_base`, so with a
 `base_url` it went to the Region the environment named.
 """
@@ -40,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from gateway.config.bedrock_profiles import AWS_PREFIXES, AWS_REGION, arn_region
+from gateway.config.bedrock_profiles import AWS_PREFIXES, AWS_REGION, arn_region, host_region
 from gateway.config.vertex_regions import VERTEX_PREFIXES, named_locations
 from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 
@@ -70,8 +74,9 @@ def pinned_regions(
     Region it would go to cannot be made one within the declared `region`."""
     pins: dict[str, dict[str, str]] = {}
     for model in provider_models:
-        if model.startswith(AWS_PREFIXES) and (base_url is None or model.startswith(_REGION_ONLY)):
-            pins[model] = {"aws_region_name": _aws_region(backend_id, region, model, environ)}
+        if model.startswith(AWS_PREFIXES):
+            named = _aws_named(model, region, base_url)
+            pins[model] = {"aws_region_name": named or _aws_region(backend_id, region, environ)}
         elif model.startswith(VERTEX_PREFIXES):
             location = _vertex_location(backend_id, region, base_url, environ)
             listed = _vertex_listed_locations(model)
@@ -86,10 +91,23 @@ def pinned_regions(
     return pins
 
 
-def _aws_region(backend_id: str, region: str, model: str, environ: Mapping[str, str]) -> str:
+def _aws_named(model: str, region: str, base_url: str | None) -> str | None:
+    """The Region the config names for `model`'s calls, within the declared `region`, or
+    None. Without a `base_url`, a Bedrock ARN's, which LiteLLM takes over all else (checked
+    within it at config load, gateway/config/bedrock_profiles.py). With one, where a
+    Bedrock call goes: its AWS host's Region (checked likewise), else an ARN's when it is
+    within (with a `base_url` the config check reads the host alone). A SageMaker call
+    goes to the Region whatever its `base_url` says: an ARN's, else the declared one."""
     named = arn_region(model)
-    if named is not None:
-        return named  # within the declared region (gateway/config/bedrock_profiles.py)
+    if base_url is None or model.startswith(_REGION_ONLY):
+        return named
+    host = host_region(base_url)
+    if host is not None:
+        return host
+    return named if named is not None and _within(named, region) else None
+
+
+def _aws_region(backend_id: str, region: str, environ: Mapping[str, str]) -> str:
     if AWS_REGION.fullmatch(region.lower()):
         return region.lower()
     variable, found = _first_set(environ, _AWS_VARIABLES)
@@ -100,7 +118,7 @@ def _aws_region(backend_id: str, region: str, model: str, environ: Mapping[str, 
     if AWS_REGION.fullmatch(found) and _within(found, region):
         return found
     raise ValueError(
-        f"backend {backend_id!r}: provider_model {model!r} names no AWS Region and {where}, "
+        f"backend {backend_id!r}: its config names no AWS Region for its calls and {where}, "
         f"which is not in the declared region {region!r} that policies judge: declare the "
         "AWS Region as region (region: eu-central-1), or set AWS_REGION_NAME to one in it"
     )

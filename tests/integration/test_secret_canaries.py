@@ -1,5 +1,6 @@
 """Secrets never reach an output: a real `owngate serve` at `debug`, every output on,
-holding a canary for each secret it keeps (the hosted providers' keys, a private
+holding a canary for each secret it keeps (the hosted providers' keys, AWS credentials
+(access key id, secret key, session token: botocore signs the Bedrock calls), a private
 backend's key, a password in a hosted `base_url`, the Redis password, the OTLP
 exporter's auth header, the tenant's key, the admin token, the log's signing key),
 driven into every failure that might repeat one: providers answering 401/403/400/500
@@ -14,6 +15,7 @@ every canary, in any letter case.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -42,9 +44,15 @@ SECRETS = {
     "HOST_PASSWORD": "SecUserinfo61d0",
     "REDIS_PASSWORD": "SecRedis0a4f",
     "OTLP_TOKEN": "SecOtlp8e3b",
+    # botocore reads these for the Bedrock backends; the access key id is sent, in the
+    # Authorization header's credential scope, to the provider, which echoes it back.
+    "AWS_ACCESS_KEY_ID": "AKIASECAWSKEYID5d9c",
+    "AWS_SECRET_ACCESS_KEY": "SecAwsSecret" + "s" * 28,
+    "AWS_SESSION_TOKEN": "SecAwsSession" + "t" * 30,
 }
 TENANT_KEY = "og-SecTenant-" + "t" * 24
 ADMIN_TOKEN = "og-SecAdmin-0123456789abcdef"
+BEDROCK_MODEL = "bedrock/converse/anthropic.claude-3-haiku-20240307-v1:0"
 EU = {"region": "eu-west-1", "retention": {"days": 0, "zero_data_retention": True}}
 STATUSES = (401, 403, 400, 500)
 
@@ -101,15 +109,16 @@ class _EchoingRedis:
                     pass
 
 
-def _hosted(id: str, url: str, provider: str, model: str, key_env: str) -> dict[str, Any]:
+def _hosted(id: str, url: str, provider: str, model: str, key_env: str | None) -> dict[str, Any]:
     backend: dict[str, Any] = {
         "id": id,
         "kind": "hosted",
         "provider": provider,
         "base_url": url,
-        "api_key_env": key_env,
         "models": [{"name": id, "provider_model": model}],
     }
+    if key_env is not None:  # AWS: botocore's credential chain (the environment)
+        backend["api_key_env"] = key_env
     if provider == "azure":
         backend["unsafe_unchecked_azure_host"] = True
     return backend
@@ -126,6 +135,7 @@ def _backends(echo: RawBackend, private: RawBackend) -> list[dict[str, Any]]:
             _hosted(f"azure-{status}", root, "azure", "azure/m", "AZURE_KEY"),
             _hosted(f"anthropic-{status}", root, "anthropic", "anthropic/m", "ANTHROPIC_KEY"),
             _hosted(f"gemini-{status}", root, "gemini", "gemini/gemini-1.5-pro", "GEMINI_KEY"),
+            _hosted(f"bedrock-{status}", root, "aws", BEDROCK_MODEL, None),
         ]
     bases = {
         "refused": f"http://{userinfo}@127.0.0.1:{closed}/v1",
@@ -207,6 +217,8 @@ def test_no_secret_reaches_a_client_a_log_or_a_view(
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.url,
         "OTEL_EXPORTER_OTLP_HEADERS": f"x-honeycomb-team={SECRETS['OTLP_TOKEN']}",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,  # the canaries above, not a profile
+        "AWS_CONFIG_FILE": os.devnull,
     }
     gateway = GatewayProcess(config, directory, env=env)
     client: list[bytes] = []
@@ -235,6 +247,9 @@ def test_no_secret_reaches_a_client_a_log_or_a_view(
     assert b'"event":"request"' in outputs["gateway"]
     assert len(echo.posts) >= 4 * len(STATUSES)  # the providers were reached
     assert otlp.posts  # the exporter sent (and was refused)
+    token = SECRETS["AWS_SESSION_TOKEN"].encode()  # botocore signed with the canaries
+    signed = [p for p in echo.posts if p.header_values(b"x-amz-security-token") == [token]]
+    assert len(signed) >= len(STATUSES)
     canaries = [*SECRETS.values(), TENANT_KEY, ADMIN_TOKEN, signing_key]
     found = [
         (name, canary, data[max(0, at - 300) : at + 60])

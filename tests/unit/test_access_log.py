@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from gateway import access_log
 from gateway.access_log import AccessLog
 from gateway.api.metrics import GatewayMetrics
-from gateway.logs import configure_logging, get_logger
+from gateway.logs import configure_logging, get_logger, redact
 from tests.helpers.log_capture import kept_logging
 
 KEY = "og-" + "k" * 24
@@ -104,6 +104,16 @@ def test_a_value_that_is_not_short_plain_ascii_is_cut_and_escaped(policy: str) -
     shown = entry["policy"]
     assert len(shown) < 4200 and shown.isascii() and shown.isprintable()
     assert shown.startswith("p@") and entry["status"] == 200
+
+
+@pytest.mark.parametrize("policy", ["p@1\x7f", "p@\x7f\x7f2"])
+def test_del_is_escaped_as_the_structured_log_escapes_it(policy: str) -> None:
+    """DEL (0x7f) is ASCII that orjson writes raw, no JSON escape: the fast path wrote it
+    as it came where `redact` writes `\\x7f` (a policy `version` is any string its author
+    wrote). Both write the line alike."""
+    entry = _written(policy=policy)
+    assert entry["policy"] == redact(None, "info", {"policy": policy})["policy"]
+    assert "\x7f" not in entry["policy"] and "\\x7f" in entry["policy"]
 
 
 def test_content_named_fields_never_reach_the_line() -> None:

@@ -6,11 +6,13 @@ import io
 import json
 import logging
 import logging.config
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
+import urllib3
 import uvicorn.config
 
 import gateway.logs
@@ -225,6 +227,9 @@ def test_http_client_libraries_never_log_what_the_far_side_sent(
         "hpack.hpack",
         "botocore.auth",  # a Bedrock call's canonical request: the session token
         "boto3",
+        "httpx2",  # the OpenAI SDK's own client: httpx's `HTTP Request:` line
+        "httpcore2.http11",
+        "urllib3.poolmanager",  # a redirect's `Location` (botocore, the OTLP exporter)
     )
     with rendered_logs(fmt, level="debug") as logs:
         for name in names:
@@ -242,6 +247,53 @@ def test_http_client_libraries_never_log_what_the_far_side_sent(
     assert "CANARY7f3a" not in out
     assert out.count("a library warning") == len(names)
     assert "a logger of another name" in out and "the gateway's own debug line" in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_urllib3_s_warnings_never_quote_what_the_far_side_sent(
+    fmt: Literal["json", "console"],
+) -> None:
+    """urllib3 (botocore's credential fetches, the OTLP/HTTP exporter) warns `Retrying
+    (%r) after connection broken by '%r': %s` with the status line it could not read, as
+    it came, and `Failed to parse headers (url=%s): %s`: an AWS endpoint or a collector
+    wrote what it chose into the gateway's log. A loopback server answers a garbled status
+    line, then a malformed header; both warnings are written, their arguments only as
+    what they are."""
+    canary = "CANARYu3b9-far-side-words"
+    answers = [
+        f"{canary} 200 OK\r\n\r\n".encode(),
+        f"HTTP/1.1 200 OK\r\nX-Fine: 1\r\n{canary}\r\nContent-Length: 0\r\n\r\n".encode(),
+    ]
+    with socket.create_server(("127.0.0.1", 0)) as server, rendered_logs(fmt) as logs:
+        server.settimeout(10)
+        port = server.getsockname()[1]
+        answering = threading.Thread(target=_answer, args=(server, answers), daemon=True)
+        answering.start()
+        with urllib3.PoolManager() as pool:
+            pool.request("GET", f"http://127.0.0.1:{port}/", retries=1, timeout=10)
+        answering.join(10)
+        logging.getLogger("urllib3.connection").warning(OSError(canary))  # the message an object
+        logging.getLogger("urllib3").warning("pool of %d for %s", 3, {canary: 1})
+    out = logs.getvalue()
+    assert canary not in out
+    assert "after connection broken by '[withheld: BadStatusLine]'" in out.replace("''", "'")
+    assert "Failed to parse headers (url=[withheld: " in out
+    assert "[withheld: OSError]" in out and "pool of 3 for [withheld: dict]" in out
+
+
+def _answer(server: socket.socket, answers: list[bytes]) -> None:
+    """Each of `answers` to one connection's request, in turn."""
+    for answer in answers:
+        peer, _ = server.accept()
+        with peer:
+            peer.settimeout(10)
+            request = b""
+            while b"\r\n\r\n" not in request and len(request) < 65536:
+                chunk = peer.recv(4096)
+                if not chunk:
+                    break
+                request += chunk
+            peer.sendall(answer)
 
 
 @pytest.mark.parametrize("fmt", ["json", "console"])
