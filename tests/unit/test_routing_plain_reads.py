@@ -13,14 +13,18 @@ request is routed; the outcome (order, scores, breaker state) is checked as befo
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import enum
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pydantic
+import pytest
 
+from gateway.app import assemble
 from gateway.config.schema import RoutingSettings
 from gateway.routing.registry import Registry
 from gateway.routing.router import Outcome, Router
@@ -108,3 +112,52 @@ def test_the_plain_copies_say_what_the_config_says() -> None:
     assert picker.strategy("m") == pool.strategy == "score"
     scores = picker.scores(pool, [registry.backends[b] for b in PRIVATE], None)
     assert scores[0] > scores[1]  # b1 busier
+
+
+@pytest.mark.parametrize(
+    ("limits", "logging"),
+    [
+        ({}, {"access_log": True}),
+        (  # the per-tenant parts set, and unset with a body larger than half the budget
+            {"max_held_body_bytes_per_tenant": 60_000_000, "max_held_answer_bytes": 20_000_000},
+            {"access_log": False},
+        ),
+        ({"max_body_bytes": 1_000_000, "max_held_body_bytes": 7_000_000}, {}),
+    ],
+)
+def test_a_request_reads_the_limits_from_plain_copies(
+    tmp_path: Path, limits: dict[str, int], logging: dict[str, bool]
+) -> None:
+    """`Assembly.limits` is what `config.limits` (its per-tenant properties included) and
+    `logging.access_log` say; reading it reads no pydantic model."""
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], limits=limits, logging=logging
+    )
+
+    async def scenario() -> None:
+        parts = assemble(config, {}, config_dir=tmp_path)
+        try:
+            expected = config.limits
+            with counted_reads() as reads:
+                copied = parts.limits
+                seen = (
+                    copied.max_body_bytes,
+                    copied.max_held_body_bytes,
+                    copied.tenant_held_body_bytes,
+                    copied.max_held_answer_bytes,
+                    copied.tenant_held_answer_bytes,
+                    copied.access_log,
+                )
+            assert dict(reads) == {}
+            assert seen == (
+                expected.max_body_bytes,
+                expected.max_held_body_bytes,
+                expected.tenant_held_body_bytes,
+                expected.max_held_answer_bytes,
+                expected.tenant_held_answer_bytes,
+                config.logging.access_log,
+            )
+        finally:
+            await parts.registry.close()
+
+    asyncio.run(scenario())
