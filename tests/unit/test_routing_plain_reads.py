@@ -52,7 +52,7 @@ def counted_reads() -> Iterator[collections.Counter[str]]:
         reads[f"{enum_get(cls, '__name__')}.{name}"] += 1
         return enum_get(cls, name)
 
-    pydantic.BaseModel.__getattribute__ = model_read  # type: ignore[method-assign,assignment]
+    pydantic.BaseModel.__getattribute__ = model_read  # type: ignore[method-assign]
     enum.EnumType.__getattribute__ = enum_read  # type: ignore[method-assign,assignment]
     try:
         yield reads
