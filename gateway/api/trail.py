@@ -235,7 +235,7 @@ def _usage(data: bytes, *, whole: bool) -> Usage | None:
             data = utf8_document(data)
         except ValueError:  # not text in the encoding it starts in: `json.loads` fails too
             return None
-    if b'"usage"' not in data and _ESCAPED_LETTER.search(data) is None:
+    if data.find(b'"usage"') < 0 and _ESCAPED_LETTER.search(data) is None:  # `find`: labels.py
         return None  # most streams carry none: parse nothing
     one = whole or _JSON_OBJECT.match(data) is not None
     candidates = [data] if one else _usage_lines(data)

@@ -51,13 +51,13 @@ def demand_and_slots(backend: BackendState, load: BackendLoad | None) -> tuple[f
             if scraped > demand:
                 demand = scraped
         scraped_slots = load.slots_total or (running if waiting else None)
-    slots = float(backend.config.capacity.max_concurrency or scraped_slots or DEFAULT_SLOTS)
+    slots = float(backend.max_concurrency or scraped_slots or DEFAULT_SLOTS)
     return demand, slots if slots > 1.0 else 1.0
 
 
 def queue_per_slot(backend: BackendState, load: BackendLoad | None) -> float:
     """Waiting requests per concurrency slot, every replica's requests counted."""
-    capacity = backend.config.capacity.max_concurrency or backend.learned_slots
+    capacity = backend.max_concurrency or backend.learned_slots
     queued = 0.0
     slots = float(capacity or 0)
     if load is not None and load.waiting is not None:

@@ -48,25 +48,36 @@ class Picker:
     def __init__(
         self, routing: RoutingSettings, load_of: LoadOf, rng: random.Random | None = None
     ) -> None:
-        self._routing = routing
+        # What each request reads, as plain dicts and tuples: a pydantic model's attribute
+        # is no specialized load (its class has a `__getattr__`), ~15x a plain one's cost.
+        self._pools = dict(routing.pools)
+        self._default = routing.default
+        pools = (routing.default, *routing.pools.values())
+        self._strategies = {id(pool): pool.strategy for pool in pools}
+        self._weights = {id(pool): _weights(pool) for pool in pools}
         self._load_of = load_of
         self._rng = rng or random.Random()  # noqa: S311 - tie-breaking, not security
         self._turn: dict[str, int] = collections.defaultdict(int)
         self._affinity: collections.OrderedDict[bytes, str] = collections.OrderedDict()
 
     def pool(self, model: str) -> PoolSettings:
-        return self._routing.pools.get(model, self._routing.default)
+        return self._pools.get(model, self._default)
+
+    def strategy(self, model: str) -> str:
+        """The strategy of `model`'s pool (`pool(model).strategy`)."""
+        return self._strategies[id(self._pools.get(model, self._default))]
 
     def order(self, model: str, routes: Sequence[Route], prefix: bytes | None) -> list[Route]:
         """The routes in the order to try them."""
         if len(routes) < 2:
             return list(routes)
         pool = self.pool(model)
-        if pool.strategy == "round_robin":
+        strategy = self._strategies[id(pool)]
+        if strategy == "round_robin":
             start = self._turn[model] % len(routes)
             self._turn[model] += 1
             return [*routes[start:], *routes[:start]]
-        if pool.strategy == "least_inflight":
+        if strategy == "least_inflight":
             return sorted(routes, key=lambda r: (r.backend.global_inflight, self._rng.random()))
         preferred = self._affinity.get(prefix) if prefix is not None else None
         scores = self.scores(pool, [route.backend for route in routes], preferred)
@@ -90,7 +101,7 @@ class Picker:
         slot_counts: list[float] = []
         kvs: list[float | None] = []
         for backend in backends:
-            load = load_of(backend.config.id)
+            load = load_of(backend.id)
             demand, slots = demand_and_slots(backend, load)
             demands.append(demand)
             slot_counts.append(slots)
@@ -100,20 +111,15 @@ class Picker:
         ratios = [d / s for d, s in zip(demands, slot_counts, strict=True)]
         within = min(ratios) + LOAD_SLACK
         busiest = max([backend.prefilling for backend in backends])
-        weights = pool.weights
-        w_queue, w_kv, w_affinity, w_prefill = (
-            weights.queue,
-            weights.kv,
-            weights.affinity,
-            weights.prefill,
-        )
+        weights = self._weights.get(id(pool))
+        w_queue, w_kv, w_affinity, w_prefill = _weights(pool) if weights is None else weights
         scores: list[float] = []
         for backend, demand, slots, kv, ratio in zip(
             backends, demands, slot_counts, kvs, ratios, strict=True
         ):
             lightly_loaded = ratio <= within
             score = w_queue * queue_score(demand, slots) + w_kv * kv_score(kv)
-            if backend.config.id == preferred:  # the affinity scorer gives the others 0
+            if backend.id == preferred:  # the affinity scorer gives the others 0
                 score += w_affinity * affinity_score(True, lightly_loaded, demand, slots)
             score += w_prefill * prefill_score(backend.prefilling, busiest, lightly_loaded)
             scores.append(score)
@@ -132,6 +138,11 @@ class Picker:
         affinity.move_to_end(prefix)
         while len(affinity) > _AFFINITY_ENTRIES:
             affinity.popitem(last=False)
+
+
+def _weights(pool: PoolSettings) -> tuple[float, float, float, float]:
+    weights = pool.weights
+    return weights.queue, weights.kv, weights.affinity, weights.prefill
 
 
 def _by_score(item: tuple[float, float, Route]) -> tuple[float, float]:

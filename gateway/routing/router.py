@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 __all__ = ["HOSTED_MAX_ATTEMPTS", "Attempt", "FallbackBasis", "Outcome", "Plan", "Router"]
 
+# Read per attempt: an enum member's look-up through its metaclass costs ~15x a global's.
+_SERVED, _FAILED, _SKIPPED = Outcome.served, Outcome.failed, Outcome.skipped
+
 HOSTED_MAX_ATTEMPTS = 3  # per hosted pass (private: routing.failover.max_attempts)
 
 
@@ -95,7 +98,8 @@ class Router:
         self._state = state  # no I/O here: the state syncs in the background
         self.picker = Picker(routing, load_of)
         self._affinity_bytes = routing.affinity_prefix_bytes
-        self._failover = routing.failover
+        failover = routing.failover  # plain copies: a pydantic model's reads cost ~15x
+        self._deadline_s, self._max_attempts = failover.deadline_s, failover.max_attempts
         # Per public model name: its routes, and those by backend id (the hosted filter).
         self._models = {
             name: (served_by, {r.backend.id: r for r in served_by})
@@ -124,7 +128,7 @@ class Router:
         picker = self.picker
         private = eligible_private(routes, decision)
         prefix, prefix_bytes = None, 0
-        if len(private) > 1 and picker.pool(model).strategy == "score":
+        if len(private) > 1 and picker.strategy(model) == "score":
             # The tenant's own prefixes: another tenant's prompts never steer this route.
             found = prefix_span(request, self._affinity_bytes, decision.tenant)
             prefix, prefix_bytes = found or (None, 0)
@@ -151,7 +155,7 @@ class Router:
             up,
             hosted,
             reasons,
-            started_at + self._failover.deadline_s,
+            started_at + self._deadline_s,
             prefix,
             prefix_bytes,
             hosted_first=hosted_first,
@@ -179,7 +183,7 @@ class Router:
         queue = self.queues.get(model)
         if queue is None:
             return up
-        threshold = queue.settings.threshold
+        threshold = queue.threshold
         if not queue.waiting and not self._all_saturated(up, threshold):
             return up
         await queue.wait(lambda: self._all_saturated(up, threshold), self._poll_s, tenant)
@@ -315,7 +319,7 @@ class Plan:
         # skipped, its reason noted and its state "down", and not counted.
         picker, self._made = self._router.picker, 0
         for route in self._up:
-            if self._made >= self._router._failover.max_attempts:
+            if self._made >= self._router._max_attempts:
                 return
             if time.perf_counter() >= self.deadline:
                 self.reasons.append("failover deadline passed")
@@ -375,21 +379,21 @@ class Plan:
         the request, "retired", its pool closed or its backend changed by a config reload;
         none is unavailable; "withdrawn": by a policy reload, "down" and noted in
         `withdrawn`). Any outcome but `skipped` counts among the pass's attempts."""
-        if outcome is not Outcome.skipped:
+        if outcome is not _SKIPPED:
             self._made += 1
         if came_to == "withdrawn" and attempt.private:
             came_to = "down"
             self.withdrawn.add(attempt.backend.id)
-        if outcome is Outcome.failed:
+        if outcome is _FAILED:
             self.reasons.append(reason)
             if attempt.private:
                 self._states[attempt.backend.id] = came_to or ("busy" if busy else "failed")
-        elif outcome is Outcome.skipped:  # not tried: no record of it, "down" for a fallback
+        elif outcome is _SKIPPED:  # not tried: no record of it, "down" for a fallback
             self.reasons.append(reason)
             if attempt.private:
                 self._states[attempt.backend.id] = came_to or "down"
         attempt.end()
         router = self._router
-        if outcome is Outcome.served and attempt.private:
+        if outcome is _SERVED and attempt.private:
             router.picker.served(self.prefix, attempt.backend.id)
         router._leave(attempt.backend)

@@ -49,6 +49,7 @@ class SaturationQueue:
     def __init__(self, model: str, settings: QueueSettings) -> None:
         self.model = model
         self.settings = settings
+        self.threshold = settings.threshold  # read per request: a plain attribute
         # The round: each tenant waiting now (None: the tenant-less requests) and its
         # waiters not yet released, oldest first; the next release serves the first tenant.
         self._turns: collections.OrderedDict[str | None, collections.deque[_Waiter]] = (

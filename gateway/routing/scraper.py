@@ -128,6 +128,7 @@ class MetricsScraper:
         """`last_up(backend)`: whether it is the last backend up for some model it serves
         (`Registry.last_up`); probes never take such a backend out."""
         self._settings = scrape
+        self._staleness_s = scrape.staleness_s  # read per candidate per request: a plain float
         self._clock = clock
         self._health = health or HealthSettings()
         self._last_up = last_up
@@ -143,7 +144,7 @@ class MetricsScraper:
     def load(self, backend_id: str) -> BackendLoad | None:
         """The backend's latest load, or None when unknown (never scraped, or stale)."""
         reading = self._readings.get(backend_id)
-        if reading is None or self._clock() - reading.at > self._settings.staleness_s:
+        if reading is None or self._clock() - reading.at > self._staleness_s:
             return None
         return reading.load
 
