@@ -279,6 +279,9 @@ TOOLS: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "function", "Type": "mcp", "function": {"name": "f"}}]}, "tools[0]"),
     ({"Tools": [{"type": "mcp", "server_url": "http://decoy.example/mcp"}]}, "Tools[0].type"),
     ({"functions": [{"googleSearch": {}}]}, "functions[0]"),
+    # what orjson reads of `{"type": "web_search", "type": null}` (test below)
+    ({"tools": [{"type": None, "function": {"name": "f"}}]}, "tools[0].type"),
+    ({"tools": [{"type": 7, "function": {"name": "f"}}]}, "tools[0].type"),
     ({"functions": [{"name": "f", "url_context": {}}]}, "functions[0]"),
 ]
 
@@ -305,6 +308,20 @@ def test_a_tool_the_server_would_run_is_refused_on_every_path(
     assert ok.status_code == 200, ok.text
     log = tmp_path / "log"
     assert_never_logged(log, refused.headers["x-request-id"], ok.headers["x-request-id"])
+
+
+def test_a_tool_type_a_later_null_copy_hides_is_refused(private: tuple[Gateway, Sim]) -> None:
+    # orjson keeps the last copy (null: a tool of no type, which passed as the backend's
+    # to refuse); Go's encoding/json keeps the string over a later null: to a router in
+    # Go, a web search.
+    gateway, sim = private
+    tool = b'{"type": "web_search", "type": null}'
+    body = orjson.dumps(ASK)[:-1] + b', "tools": [' + tool + b"]}"
+    refused = post(gateway, body)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "tools[0].type")
+    assert served(sim) == 0
 
 
 def test_client_run_tools_still_reach_a_private_backend(private: tuple[Gateway, Sim]) -> None:
