@@ -58,7 +58,7 @@ so (`usage_bound`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from itertools import repeat
 from typing import Any, Final
 
@@ -290,27 +290,31 @@ _PLAIN: Final = frozenset(("role", "content"))  # a plain chat message's keys: n
 _PROMPT_MEDIA: Final = ("multimodal_data", "image", "video")
 
 
-def _media_holders(ask: Mapping[str, Any]) -> list[tuple[dict[str, Any], str, bool]]:
+def _media_holders(ask: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], str, bool]]:
     """Where media may sit, and whether each item there is one: each chat message's
     `content` (parts, each judged) and `images` (each an image), in any case
     (`_folded`), and each prompt or input object's media (`_PROMPT_MEDIA`, each an item;
-    llama.cpp and SGLang read names as written)."""
+    llama.cpp and SGLang read names as written). A generator: `media_parts` stops once
+    it looked at `_MEDIA_COUNTED` items, and the entries past them are never visited (a
+    list of every holder first took four times the body's parse for an 8 MiB batch of
+    SGLang input objects)."""
     messages = ask.get("messages")
-    holders: list[tuple[dict[str, Any], str, bool]] = []
     if isinstance(messages, list):
         for message in messages:
             if not isinstance(message, dict):
                 continue
-            holders.append((message, "content", False))
-            holders += [(message, k, False) for k in _folded(message, "content")]
+            yield message, "content", False
+            for key in _folded(message, "content"):
+                yield message, key, False
             if not message.keys() <= _PLAIN:  # not a plain role and content
-                holders += [(message, k, True) for k in _named(message, "images")]
+                for key in _named(message, "images"):
+                    yield message, key, True
     for name in _PROMPT_HOLDERS:
         value = ask.get(name)
         for entry in value if isinstance(value, list) else [value]:
             if isinstance(entry, dict):
-                holders += [(entry, key, True) for key in _PROMPT_MEDIA]
-    return holders
+                for key in _PROMPT_MEDIA:
+                    yield entry, key, True
 
 
 def _named(holder: dict[str, Any], name: str) -> list[str]:
