@@ -116,7 +116,8 @@ def _exception_kind(exc: BaseException) -> str:
     number among the exception and its causes (`requests` wraps a refused connection's
     `ConnectionRefusedError` three times over). An `OSError` made with two or more
     arguments takes the first as its `errno`, whatever it is: only an `int` is kept."""
-    errno, link, seen = None, exc, 0
+    errno, seen = None, 0
+    link: BaseException | None = exc
     while link is not None and errno is None and seen < _CHAIN_LINKS:
         number = getattr(link, "errno", None)
         if isinstance(number, int) and not isinstance(number, bool):
