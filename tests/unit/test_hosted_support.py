@@ -131,6 +131,41 @@ def test_a_text_completion_litellm_asks_as_a_chat_is_held_to_the_chat_fields(
 
 
 @pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        # LiteLLM asks the chat adapter one chat of every prompt (one user message): one
+        # choice came back for two prompts, sent and then 502 (the breaker charged).
+        ({"prompt": ["alpha", "beta"]}, "prompt"),
+        # Text completion fields LiteLLM hands the chat adapter as the provider's own
+        # (top-level keys of Anthropic's Messages body): a provider that ignores them
+        # answered without the echo, the suffix or the best of several, a 200.
+        ({"prompt": "p", "echo": True}, "echo"),
+        ({"prompt": "p", "suffix": "s"}, "suffix"),
+        ({"prompt": "p", "best_of": 3}, "best_of"),
+    ],
+)
+def test_a_text_completion_asked_as_a_chat_is_refused_what_a_chat_cannot_carry(
+    litellm: ModuleType, fields: dict[str, Any], param: str
+) -> None:
+    table = SupportTable("anthropic", None)
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "completions", fields, "anthropic/claude-sonnet-4-5")
+    assert (refused.value.status, refused.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"prompt": ["alpha"]}, {"prompt": "p", "echo": False, "best_of": 1}],
+)
+def test_one_prompt_and_text_fields_at_their_defaults_are_asked_as_a_chat(
+    litellm: ModuleType, fields: dict[str, Any]
+) -> None:
+    SupportTable("anthropic", None).check(
+        litellm, "completions", fields, "anthropic/claude-sonnet-4-5"
+    )
+
+
+@pytest.mark.parametrize(
     "provider_model", ["openai/m", "text-completion-openai/m", "hosted_vllm/m"]
 )
 def test_a_text_completion_sent_to_completions_keeps_its_fields(
