@@ -14,8 +14,11 @@ declared retention, not the client's; before, those reached such a backend as se
 its attempt is held to the hosted rule: not made (no record; the plan's next backend may
 serve), and when nothing else serves, the client gets the 400 a hosted backend gives
 (`upstream_bad_request` naming the field, nothing sent) with a refusal record (rule
-`owngate/hosted_request`). vLLM, llama.cpp and SGLang backends act on none of them and
-get the request as sent.
+`owngate/hosted_request`). The same holds on /v1/completions: a LiteLLM proxy's
+`text_completion` makes the prompt a chat message and passes the body's other fields to
+`completion()` as sent (LiteLLM 1.108.7, main.py), so `{"prompt": ..., "store": true}` was
+a stored completion; before, only chat requests were judged. vLLM, llama.cpp and SGLang
+backends act on none of them and get the request as sent.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
 __all__ = ["RouterFields", "private_refusal"]
 
 _ROUTER: Final = "a router that may pass it to a hosted provider"
+_JUDGED: Final = frozenset({"chat", "completions"})
 
 
 class RouterFields:
@@ -45,7 +49,9 @@ class RouterFields:
 
     def __init__(self, doc: Mapping[str, Any], endpoint: str) -> None:
         self._doc = doc
-        self._judged = endpoint != "chat"  # the hosted rule's fields are chat fields
+        # The hosted rule's fields are chat fields, and a text completion's too: LiteLLM's
+        # `text_completion` passes the body's other fields on to `completion()` as sent.
+        self._judged = endpoint not in _JUDGED
         self._refused: GatewayError | None = None
 
     def refusal(self, backend: BackendState) -> GatewayError | None:

@@ -354,3 +354,36 @@ def test_client_run_tools_and_unstored_requests_still_reach_the_provider(
     assert forwarded["tools"] == tools
     assert forwarded["functions"] == body["functions"]
     assert not {"store", "web_search_options", "audio"} & forwarded.keys()
+
+
+# A LiteLLM proxy's `text_completion` passes a text completion's other fields on to
+# `completion()` as sent (LiteLLM 1.108.7, main.py): a web search or a stored completion
+# on /v1/completions too. Before, only chat requests to a router were judged.
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"store": True}, "store"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+        ({"cache_control": {"type": "ephemeral", "ttl": "1h"}}, "cache_control"),
+    ],
+)
+def test_a_provider_action_on_a_text_completion_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: dict[str, Any], param: str
+) -> None:
+    gateway, sim = router
+    refused = httpx.post(
+        f"{gateway.url}/v1/completions",
+        content=orjson.dumps({"model": "m", "prompt": "hi", **extra}),
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert served(sim) == 0
+    request_id = refused.headers["x-request-id"]
+    (refusal,) = request_records(tmp_path / "log", request_id, "refusal")
+    assert refusal["rule"] == "owngate/hosted_request"
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
