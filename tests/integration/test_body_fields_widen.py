@@ -101,6 +101,11 @@ def private(
         ),
         (b'"bootstrap_host": "decoy.example", "bootstrap_room": 1', "bootstrap_host"),
         (b'"custom_logit_processor": "gASV..."', "custom_logit_processor"),
+        # a LiteLLM proxy decodes a string `metadata` as its object: its `user_id` (the end
+        # user of its spend and budgets) reached it as written, another tenant's included
+        (b'"metadata": "{\\"user_id\\": \\"decoy\\"}"', "metadata"),
+        (b'"Metadata": "{\\"tags\\": [\\"decoy\\"]}"', "Metadata"),
+        (b'"metadata": ["decoy"]', "metadata"),
     ],
 )
 def test_a_routers_control_field_is_refused_and_nothing_leaves(
