@@ -217,6 +217,28 @@ CONTROL_FIELDS: Final = frozenset(
         "citation_cost_per_token",
         "search_context_cost_per_query",
         "google_maps_grounding_cost_per_query",
+        # ... and its Router's, read from the same keyword arguments (router.py), which a
+        # LiteLLM proxy passes the body as: `specific_deployment` picks deployments by
+        # their provider model string across model groups (a group named `openai/gpt-4o`
+        # then reaches another group's deployment of that model, in another region),
+        # `passthrough_on_no_deployment` calls the provider directly when no deployment
+        # matches, the rest its retries, fallbacks, guardrails and logging callbacks
+        "specific_deployment",
+        "passthrough_on_no_deployment",
+        "passthrough",
+        "model_id",
+        "model_group_retry_policy",
+        "fallback_model_group",
+        "disable_fallbacks",
+        "include_fallback_errors",
+        "selected_guardrail",
+        "standard_callback_dynamic_params",
+        "routing_groups",
+        "routing_strategy_args",
+        "original_function",
+        "original_generic_function",
+        "call_type",
+        "adapter_id",
     }
 )
 # Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up

@@ -87,6 +87,9 @@ def private(
         (b'"prompt_id": "stored"', "prompt_id"),
         (b'"preset_cache_key": "k"', "preset_cache_key"),
         (b'"input_cost_per_token": 0', "input_cost_per_token"),
+        # LiteLLM's Router's own: deployments picked by provider model, across groups
+        (b'"specific_deployment": true', "specific_deployment"),
+        (b'"passthrough_on_no_deployment": true', "passthrough_on_no_deployment"),
         # an inference server's disaggregation channel: where its KV cache comes from
         (
             b'"kv_transfer_params": {"do_remote_prefill": true, "remote_host": "decoy.example"}',
