@@ -395,3 +395,40 @@ def test_a_provider_action_on_a_text_completion_is_refused_for_a_private_router(
     (refusal,) = request_records(tmp_path / "log", request_id, "refusal")
     assert refusal["rule"] == "owngate/hosted_request"
     assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+# A router in Go (encoding/json and its look-alikes) matches names without regard to case
+# and reads the last match: `"Store": true` is a stored completion to it. Before, the
+# hosted rule read the exact spelling only, so these reached a `kind: openai` backend.
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (b'"Store": true', "Store"),
+        (b'"store": false, "STORE": true', "STORE"),
+        (b'"Web_Search_Options": {}', "Web_Search_Options"),
+        (b'"\\u017ftore": true', "\u017ftore"),  # long s folds to `s`
+        (b'"cachepoint": {"type": "default"}', "cachepoint"),
+        (b'"Prompt_Cache_Retention": "24h"', "Prompt_Cache_Retention"),
+    ],
+)
+def test_a_provider_action_in_another_case_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: bytes, param: str
+) -> None:
+    gateway, sim = router
+    refused = post(gateway, orjson.dumps(ASK)[:-1] + b", " + extra + b"}")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert served(sim) == 0
+    request_id = refused.headers["x-request-id"]
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+def test_a_harmless_value_in_another_case_still_reaches_a_private_router(
+    router: tuple[Gateway, Sim],
+) -> None:
+    gateway, sim = router
+    body = orjson.dumps(ASK)[:-1] + b', "Store": false, "Audio": null}'
+    answer = post(gateway, body)
+    assert answer.status_code == 200, answer.text
+    assert served(sim) == 1
