@@ -14,8 +14,12 @@ declared retention, not the client's; before, those reached such a backend as se
 its attempt is held to the hosted rule: not made (no record; the plan's next backend may
 serve), and when nothing else serves, the client gets the 400 a hosted backend gives
 (`upstream_bad_request` naming the field, nothing sent) with a refusal record (rule
-`owngate/hosted_request`). vLLM, llama.cpp and SGLang backends act on none of them and
-get the request as sent.
+`owngate/hosted_request`). The same holds on /v1/completions: a LiteLLM proxy's
+`text_completion` makes the prompt a chat message and passes the body's other fields to
+`completion()` as sent (LiteLLM 1.108.7, main.py), so `{"prompt": ..., "store": true}` was
+a stored completion; before, only chat requests were judged. vLLM, llama.cpp and SGLang
+backends act on none of them and get the request as sent. A top-level name of the rule
+in another case (`"Store"`) is judged as `store`: a router in Go reads it so.
 """
 
 from __future__ import annotations
@@ -24,16 +28,31 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from gateway.api.attempt_media import media_refusal
+from gateway.api.labels import excerpt
 from gateway.api.private_media import MediaRefs
 from gateway.api.refusal import HOSTED_CHECKS_RULE, MEDIA_URLS_RULE
 from gateway.errors import ErrorCode, GatewayError
 from gateway.routing.registry import BackendState, Registry
 from gateway.routing.router import Attempt
-from gateway.upstream.hosted_fields import RefusedField, refuse_provider_actions
+from gateway.upstream.hosted_fields import CACHE_MARKERS, RefusedField, refuse_provider_actions
 
 __all__ = ["RouterFields", "private_refusal"]
 
 _ROUTER: Final = "a router that may pass it to a hosted provider"
+_JUDGED: Final = frozenset({"chat", "completions"})
+# The hosted rule's top-level fields, by their case-folded names (`_refuse_other_cases`).
+_FOLDED: Final = {
+    name.casefold(): name
+    for name in (
+        "web_search_options",
+        "audio",
+        "modalities",
+        "store",
+        "prompt_cache_retention",
+        *CACHE_MARKERS,
+    )
+}
+_LENGTHS: Final = frozenset(map(len, _FOLDED))
 
 
 class RouterFields:
@@ -45,7 +64,9 @@ class RouterFields:
 
     def __init__(self, doc: Mapping[str, Any], endpoint: str) -> None:
         self._doc = doc
-        self._judged = endpoint != "chat"  # the hosted rule's fields are chat fields
+        # The hosted rule's fields are chat fields, and a text completion's too: LiteLLM's
+        # `text_completion` passes the body's other fields on to `completion()` as sent.
+        self._judged = endpoint not in _JUDGED
         self._refused: GatewayError | None = None
 
     def refusal(self, backend: BackendState) -> GatewayError | None:
@@ -56,6 +77,7 @@ class RouterFields:
             self._judged = True
             try:
                 refuse_provider_actions(self._doc)
+                _refuse_other_cases(self._doc)
             except RefusedField as exc:
                 self._refused = GatewayError(
                     ErrorCode.upstream_bad_request,
@@ -64,6 +86,23 @@ class RouterFields:
                     param=exc.param,
                 )
         return self._refused
+
+
+def _refuse_other_cases(doc: Mapping[str, Any]) -> None:
+    """`RefusedField` naming a top-level field of the hosted rule written in another case
+    (`"Store": true`, `"Web_Search_Options"`) whose value the rule refuses: a router in Go
+    (encoding/json and its look-alikes) matches names without regard to case, folding
+    U+017F and U+212A to `s` and `k`, and reads the last match."""
+    for name, value in doc.items():
+        if len(name) not in _LENGTHS:
+            continue
+        spelled = _FOLDED.get(name.casefold())
+        if spelled is None or spelled == name:  # the exact spelling: judged already
+            continue
+        try:
+            refuse_provider_actions({spelled: value})
+        except RefusedField:
+            raise RefusedField(excerpt(name), f"a router may read it as `{spelled}`") from None
 
 
 def private_refusal(

@@ -87,6 +87,9 @@ def private(
         (b'"prompt_id": "stored"', "prompt_id"),
         (b'"preset_cache_key": "k"', "preset_cache_key"),
         (b'"input_cost_per_token": 0', "input_cost_per_token"),
+        # LiteLLM's Router's own: deployments picked by provider model, across groups
+        (b'"specific_deployment": true', "specific_deployment"),
+        (b'"passthrough_on_no_deployment": true', "passthrough_on_no_deployment"),
         # an inference server's disaggregation channel: where its KV cache comes from
         (
             b'"kv_transfer_params": {"do_remote_prefill": true, "remote_host": "decoy.example"}',
@@ -101,6 +104,11 @@ def private(
         ),
         (b'"bootstrap_host": "decoy.example", "bootstrap_room": 1', "bootstrap_host"),
         (b'"custom_logit_processor": "gASV..."', "custom_logit_processor"),
+        # a LiteLLM proxy decodes a string `metadata` as its object: its `user_id` (the end
+        # user of its spend and budgets) reached it as written, another tenant's included
+        (b'"metadata": "{\\"user_id\\": \\"decoy\\"}"', "metadata"),
+        (b'"Metadata": "{\\"tags\\": [\\"decoy\\"]}"', "Metadata"),
+        (b'"metadata": ["decoy"]', "metadata"),
     ],
 )
 def test_a_routers_control_field_is_refused_and_nothing_leaves(
@@ -354,3 +362,73 @@ def test_client_run_tools_and_unstored_requests_still_reach_the_provider(
     assert forwarded["tools"] == tools
     assert forwarded["functions"] == body["functions"]
     assert not {"store", "web_search_options", "audio"} & forwarded.keys()
+
+
+# A LiteLLM proxy's `text_completion` passes a text completion's other fields on to
+# `completion()` as sent (LiteLLM 1.108.7, main.py): a web search or a stored completion
+# on /v1/completions too. Before, only chat requests to a router were judged.
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"store": True}, "store"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+        ({"cache_control": {"type": "ephemeral", "ttl": "1h"}}, "cache_control"),
+    ],
+)
+def test_a_provider_action_on_a_text_completion_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: dict[str, Any], param: str
+) -> None:
+    gateway, sim = router
+    refused = httpx.post(
+        f"{gateway.url}/v1/completions",
+        content=orjson.dumps({"model": "m", "prompt": "hi", **extra}),
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert served(sim) == 0
+    request_id = refused.headers["x-request-id"]
+    (refusal,) = request_records(tmp_path / "log", request_id, "refusal")
+    assert refusal["rule"] == "owngate/hosted_request"
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+# A router in Go (encoding/json and its look-alikes) matches names without regard to case
+# and reads the last match: `"Store": true` is a stored completion to it. Before, the
+# hosted rule read the exact spelling only, so these reached a `kind: openai` backend.
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (b'"Store": true', "Store"),
+        (b'"store": false, "STORE": true', "STORE"),
+        (b'"Web_Search_Options": {}', "Web_Search_Options"),
+        (b'"\\u017ftore": true', "\u017ftore"),  # long s folds to `s`
+        (b'"cachepoint": {"type": "default"}', "cachepoint"),
+        (b'"Prompt_Cache_Retention": "24h"', "Prompt_Cache_Retention"),
+    ],
+)
+def test_a_provider_action_in_another_case_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: bytes, param: str
+) -> None:
+    gateway, sim = router
+    refused = post(gateway, orjson.dumps(ASK)[:-1] + b", " + extra + b"}")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert served(sim) == 0
+    request_id = refused.headers["x-request-id"]
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+def test_a_harmless_value_in_another_case_still_reaches_a_private_router(
+    router: tuple[Gateway, Sim],
+) -> None:
+    gateway, sim = router
+    body = orjson.dumps(ASK)[:-1] + b', "Store": false, "Audio": null}'
+    answer = post(gateway, body)
+    assert answer.status_code == 200, answer.text
+    assert served(sim) == 1
