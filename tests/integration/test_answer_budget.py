@@ -56,8 +56,10 @@ def _json(size: int) -> bytes:
     return b'{"x":"' + b"a" * (size - 8) + b'"}'
 
 
-def _chat(user: str) -> dict[str, Any]:
-    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": user}
+def _chat(word: str) -> dict[str, Any]:
+    # The script word rides in the prompt: a private backend gets `user` as the tenant's
+    # digest (gateway/upstream/tenant_ids.py), never as the client wrote it.
+    return {"model": "m", "messages": [{"role": "user", "content": word}]}
 
 
 def _head(framing: Framing, size: int) -> bytes:
@@ -80,18 +82,18 @@ class Script:
         self.big = 0  # `big` answers `big` bytes (content-length), for the slow reader
 
     async def __call__(self, writer: asyncio.StreamWriter, post: Post) -> bool:
-        user = json.loads(post.body)["user"]
-        if user == "hold":
+        word = json.loads(post.body)["messages"][0]["content"]
+        if word == "hold":
             await self._held(writer)
-        elif user == "error":
+        elif word == "error":
             body = b'{"error": {"message": "' + b"e" * 10_000 + b'"}}'
             head = b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
             writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
-        elif user == "bad":
+        elif word == "bad":
             body = b'{"error": {"message": "too long' + b" e" * 5_000 + b'"}}'
             head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
             writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
-        elif user == "big":
+        elif word == "big":
             writer.write(_head("length", self.big) + _json(self.big))
         else:
             data = _json(OTHER)
@@ -140,10 +142,10 @@ def gateway(
     )
 
 
-def _post(gateway: Gateway, user: str, key: str = TENANT_KEY) -> httpx.Response:
+def _post(gateway: Gateway, word: str, key: str = TENANT_KEY) -> httpx.Response:
     return httpx.post(
         f"{gateway.url}/v1/chat/completions",
-        json=_chat(user),
+        json=_chat(word),
         headers={"authorization": f"Bearer {key}"},
         timeout=WAIT_S,
     )
