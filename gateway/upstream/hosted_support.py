@@ -52,6 +52,7 @@ from typing import Any, Final
 
 from gateway.upstream.hosted_errors import HostedError
 from gateway.upstream.hosted_fields import RefusedField
+from gateway.upstream.hosted_finish import inputs_in
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_request import forwarded_fields
 
@@ -66,6 +67,12 @@ _OWN: Final = frozenset({"messages", "stream", "stream_options"})
 # a request was headed for is a routing internal (gateway/upstream/hosted_errors.py).
 _WHY: Final = (
     "this model's provider does not take it (LiteLLM would leave it out and answer without it)"
+)
+# A text completion LiteLLM asks as a chat: its prompts become one chat's messages, one
+# answer for them all, where the client asked for one each (a 502 once it was sent).
+_ONE_PROMPT: Final = (
+    "one prompt for this model's provider (LiteLLM would ask it as one chat, "
+    "merging the prompts into one answer)"
 )
 # A field at its API default asks for nothing: losing it changes nothing.
 _DEFAULTS: Final[dict[str, Any]] = {
@@ -133,6 +140,8 @@ class SupportTable:
             if endpoint == "chat" or (
                 endpoint == "completions" and self._as_chat(litellm, provider_model)
             ):
+                if endpoint == "completions" and inputs_in(params.get("prompt")) > 1:
+                    raise InvalidField("prompt", _ONE_PROMPT)
                 self._refuse_dropped(litellm, params, provider_model)
             elif endpoint == "embeddings" and "dimensions" in params:
                 if self._undimensioned.get(provider_model) is None:
@@ -140,7 +149,7 @@ class SupportTable:
                     self._undimensioned[provider_model] = undimensioned
                 if self._undimensioned[provider_model]:
                     raise RefusedField("dimensions", _WHY)
-        except RefusedField as exc:
+        except (InvalidField, RefusedField) as exc:
             raise not_valid(self._provider, exc) from None
 
     def _as_chat(self, litellm: ModuleType, provider_model: str) -> bool:

@@ -131,6 +131,24 @@ def test_a_text_completion_litellm_asks_as_a_chat_is_held_to_the_chat_fields(
 
 
 @pytest.mark.parametrize(
+    "prompt", [["a", "b"], [[1, 2], [3]], ["a", "b", "c"]], ids=["strings", "tokens", "three"]
+)
+def test_several_prompts_litellm_would_ask_as_one_chat_are_refused(
+    litellm: ModuleType, prompt: list[Any]
+) -> None:
+    # LiteLLM makes one chat of them (a user message each): one answer for all, where
+    # one each was asked (a 502 once sent, gateway/upstream/hosted_finish.py `short_of`).
+    table = SupportTable("anthropic", None)
+    table.check(litellm, "completions", {"prompt": ["a"]}, "anthropic/claude-sonnet-4-5")
+    with pytest.raises(HostedError) as refused:
+        table.check(litellm, "completions", {"prompt": prompt}, "anthropic/claude-sonnet-4-5")
+    assert (refused.value.status, refused.value.param) == (400, "prompt")
+    assert "not sent" in str(refused.value)
+    # A route that sends them to `/completions` answers one each.
+    SupportTable("openai", None).check(litellm, "completions", {"prompt": prompt}, "openai/m")
+
+
+@pytest.mark.parametrize(
     "provider_model", ["openai/m", "text-completion-openai/m", "hosted_vllm/m"]
 )
 def test_a_text_completion_sent_to_completions_keeps_its_fields(
