@@ -20,6 +20,13 @@ that ends the answer is relayed as finish_reasons.py says, any other (or none) i
 finish reason, so the stream is one its provider closed before finishing
 (gateway/upstream/hosted_stream.py: the gateway's error event, no `[DONE]`, 502 in the
 record). `data: [DONE]` is the end of the stream, not a finish reason.
+
+The last chunk LiteLLM makes up when the provider gave no finish reason
+(`finish_reason_handler`) has none either, where it had `"stop"`: the gateway tells that
+chunk from the provider's by the wrapper it reads (hosted_stream.py `made_up_end`), which
+a text completion's stream on an OpenAI-style `/completions` route hides (LiteLLM wraps
+it in a generator), so such a stream that ended without a finish reason was relayed with
+LiteLLM's `"stop"` and `[DONE]`.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ __all__ = ["honest_choices", "install_stream_stops"]
 
 # LiteLLM 1.108.7: (module, class, method) of each place a stream's chunk is parsed.
 _WRAPPER: Final = "litellm.litellm_core_utils.streaming_handler", "CustomStreamWrapper"
+_MADE_UP_END: Final = (*_WRAPPER, "finish_reason_handler")
 _OPENAI_SDK_CHUNKS: Final = (  # the OpenAI SDK's chunk objects, on CustomStreamWrapper
     "handle_openai_chat_completion_chunk",
     "handle_openai_text_completion_chunk",
@@ -75,6 +83,7 @@ def install_stream_stops() -> None:
     when LiteLLM is not shaped as this expects."""
     for name in _OPENAI_SDK_CHUNKS:
         _wrap((*_WRAPPER, name), _sdk_chunk)
+    _wrap(_MADE_UP_END, _made_up_end)
     _wrap(_LINES, _line)
     _wrap(_OPENAI_DICTS, _openai_dict)
     _wrap(_GEMINI, _gemini_chunk)
@@ -114,6 +123,17 @@ def _sdk_chunk(handle: Callable[..., Any]) -> Callable[..., Any]:
         if not isinstance(chunk, dict):
             honest_choices(getattr(chunk, "choices", None))
         return handle(wrapper, chunk)
+
+    return handled
+
+
+def _made_up_end(handle: Callable[..., Any]) -> Callable[..., Any]:
+    def handled(wrapper: Any) -> Any:
+        chunk = handle(wrapper)
+        if wrapper.received_finish_reason is None and wrapper.intermittent_finish_reason is None:
+            for choice in getattr(chunk, "choices", None) or ():
+                choice.finish_reason = None  # LiteLLM's "stop": the provider gave none
+        return chunk
 
     return handled
 

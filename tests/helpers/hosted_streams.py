@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient, HostedError
+from gateway.upstream.openai_wire import Endpoint
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "openai_events",
     "relayed",
     "sse_stream",
+    "text_events",
 ]
 
 BEDROCK_MODEL: Final = "bedrock/converse/anthropic.claude-3-haiku-20240307-v1:0"
@@ -48,6 +50,15 @@ def openai_events(reason: str | None) -> list[dict[str, Any]]:
     return [
         {**_CHUNK, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
         {**_CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": reason}]},
+    ]
+
+
+def text_events(reason: str | None) -> list[dict[str, Any]]:
+    """A text completion stream on OpenAI's wire: text, then a chunk ending with `reason`."""
+    chunk = {**_CHUNK, "object": "text_completion"}
+    return [
+        {**chunk, "choices": [{"index": 0, "text": "half an ans", "finish_reason": None}]},
+        {**chunk, "choices": [{"index": 0, "text": "", "finish_reason": reason}]},
     ]
 
 
@@ -125,9 +136,11 @@ def relayed(
     provider: str,
     provider_model: str,
     doc: dict[str, Any] | None = None,
+    endpoint: Endpoint = "chat",
 ) -> tuple[list[bytes], HostedError | None]:
-    """The events a `HostedClient` for `provider_model` relays of `answer`'s stream, and
-    the `HostedError` that ended it (None when it ended with `[DONE]`)."""
+    """The events a `HostedClient` for `provider_model` relays of `answer`'s stream (for
+    `doc` at `endpoint`), and the `HostedError` that ended it (None when it ended with
+    `[DONE]`)."""
     raw = start_raw(answer)
     aws = provider == "aws"
     backend = BackendSettings.model_validate(
@@ -148,7 +161,7 @@ def relayed(
     async def read() -> tuple[list[bytes], HostedError | None]:
         events: list[bytes] = []
         try:
-            response = await client.send("chat", ask, "m")
+            response = await client.send(endpoint, ask, "m")
             async for event in response.chunks():
                 events.append(event)
         except HostedError as exc:

@@ -27,6 +27,7 @@ from tests.helpers.hosted_streams import (
     openai_events,
     relayed,
     sse_stream,
+    text_events,
 )
 from tests.helpers.raw_backend import Answer, RawBackend
 
@@ -89,6 +90,27 @@ def test_an_openai_wire_stream_that_finished_ends_with_its_reason(
     events, failure = relayed(start_raw, sse_stream(openai_events(reason)), provider, model)
     assert failure is None, failure
     assert finish_of(events) == finish  # `model_length` before: "stop"
+    assert events[-1] == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("reason", "finish"),
+    [("abort", None), (None, None), ("model_length", "length"), ("stop", "stop")],
+)
+def test_a_text_completion_stream_ends_with_its_providers_reason_or_is_broken_off(
+    start_raw: Callable[[Answer], RawBackend], reason: str | None, finish: str | None
+) -> None:
+    # LiteLLM hides the stream wrapper of a text completion on `/completions` in a
+    # generator: its made-up last chunk ("stop") was relayed, `[DONE]` and all, for a
+    # stream that ended without a finish reason, or for `abort`.
+    doc = {"model": "m", "prompt": "hi", "stream": True}
+    answer = sse_stream(text_events(reason))
+    events, failure = relayed(start_raw, answer, "openai", "openai/m", doc, "completions")
+    if finish is None:
+        assert broken_off(events, failure), (events, failure)
+        return
+    assert failure is None, failure
+    assert finish_of(events) == finish
     assert events[-1] == b"data: [DONE]\n\n"
 
 
