@@ -47,11 +47,14 @@ _QUIET: Final = REMOTE_WORDS_LOGGERS + AWS_SDK_LOGGERS
 # The OpenTelemetry exporters log the reason phrase the collector answered with as it came
 # (`Failed to export span batch code: 401, reason: <phrase>`): a collector, or a proxy in
 # front of it, that quotes the request puts the exporter's own headers there, the
-# `OTEL_EXPORTER_OTLP_HEADERS` auth token included. Every string such a line quotes is
-# written as its length (`_exporter_arg`); its numbers, its own words and an exception
-# (the transport's: a refused connection, a timeout) are kept.
+# `OTEL_EXPORTER_OTLP_HEADERS` auth token included. The transport's exception says what
+# the far side sent too: a garbled status line is `ConnectionError(('Connection
+# aborted.', BadStatusLine('<its bytes>')))`, in that line and in `Transient error %s`.
+# Every string such a line quotes is written as its length, an exception as its class
+# and OS error number (`_exporter_arg`); its numbers and its own words are kept.
 EXPORTER_LOGGERS: Final = ("opentelemetry.exporter",)
 _EXPORTER_KINDS: Final = frozenset({"span", "spans", "metric", "metrics", "log", "logs"})
+_CHAIN_LINKS: Final = 8  # causes looked through for an OS error number
 
 
 class QuietRemoteWords(logging.Filter):
@@ -99,6 +102,26 @@ def _withheld(arg: object) -> object:
 
 
 def _exporter_arg(arg: object) -> object:
-    if isinstance(arg, str) and arg not in _EXPORTER_KINDS:
-        return f"[withheld: {len(arg)} characters]"
-    return arg
+    """A number and a batch kind as they are; an exception as its class and the first OS
+    error number along its chain (`_exception_kind`); any other argument `_withheld`."""
+    if isinstance(arg, BaseException):
+        return _exception_kind(arg)
+    if isinstance(arg, str) and arg in _EXPORTER_KINDS:
+        return arg
+    return _withheld(arg)
+
+
+def _exception_kind(exc: BaseException) -> str:
+    """`[withheld: ConnectionError, errno 111]`: the class, and the first `errno` that is a
+    number among the exception and its causes (`requests` wraps a refused connection's
+    `ConnectionRefusedError` three times over). An `OSError` made with two or more
+    arguments takes the first as its `errno`, whatever it is: only an `int` is kept."""
+    errno, seen = None, 0
+    link: BaseException | None = exc
+    while link is not None and errno is None and seen < _CHAIN_LINKS:
+        number = getattr(link, "errno", None)
+        if isinstance(number, int) and not isinstance(number, bool):
+            errno = number
+        link, seen = link.__cause__ or link.__context__, seen + 1
+    name = type(exc).__qualname__
+    return f"[withheld: {name}]" if errno is None else f"[withheld: {name}, errno {errno}]"

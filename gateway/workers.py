@@ -64,6 +64,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
+from gateway.api.recorder_log import NEW_LOG_ORIGIN_ENV
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.serving import STOP_SIGNALS, bind_socket
@@ -74,7 +75,6 @@ from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 
 __all__ = ["Supervisor", "start_warnings", "supervise"]
 
-NEW_LOG_ORIGIN_ENV = "OWNGATE_NEW_LOG_ORIGIN"  # `serve --new-log-origin`'s variable
 _QUICK_DEATH_S = 5.0  # a worker dead this soon after starting did not really start
 _MAX_QUICK_DEATHS = 5
 _STOP_MARGIN_S = 15.0  # past the drain deadline: the app's cut, the final checkpoint

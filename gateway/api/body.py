@@ -16,7 +16,8 @@ fields must mean one thing, to the gateway and to whatever reads the body after 
   match, so `{"model": "a", "Model": "b"}` would be served as `b` while the gateway
   decided, and logged, `a`.
 - The same holds for the fields that bound the tokens a request is reserved and charged
-  (`max_tokens`, `n`, `messages`, ...: gateway/api/usage_bound.py's `READ_FIELDS`):
+  (`max_tokens`, `n`, `messages`, Infinity's `modality`, ...: gateway/api/usage_bound.py's
+  `READ_FIELDS`; `modality` also says whether the media check reads `input` as URLs):
   `{"max_tokens": 1, "Max_tokens": 100000}` was reserved and bounded as one output token
   while such a server generated 100,000. Nor may they repeat: Go leaves a field that is
   not a pointer, slice, map or interface as it was for a `null`, so `{"n": 8, "n":

@@ -26,8 +26,13 @@ backend reads them, after JSON unescaping (`"api\\u005fbase"` is `api_base`), an
 case (`"API_BASE"`: a router written in Go matches names without regard to case).
 
 OpenAI's own request fields are not here, however a router reads them: `metadata` and
-`user` are the API's and pass (`user` as its tenant's own: gateway/upstream/tenant_ids.py;
-docs/security.md says what that leaves open). Every other
+`user` are the API's and pass (`user` and `metadata.user_id` as its tenant's own:
+gateway/upstream/tenant_ids.py; docs/security.md says what that leaves open). But
+`metadata` (in any case) must be an object or null, as OpenAI's API has it: a LiteLLM
+proxy decodes a JSON string there as the object (for multipart and `extra_body`
+callers), so `"metadata": "{\"user_id\": ...}"` named the end user with a value the
+gateway never saw as one (its `user_id` is made the tenant's own only in an object).
+Every other
 argument LiteLLM reads from a request is: its `completion()` parameters and the names its
 proxy refuses in a request body, as tests/unit/test_control_fields.py reads them from the
 pinned LiteLLM (a name added by an upgrade fails that test until it is listed here).
@@ -212,6 +217,28 @@ CONTROL_FIELDS: Final = frozenset(
         "citation_cost_per_token",
         "search_context_cost_per_query",
         "google_maps_grounding_cost_per_query",
+        # ... and its Router's, read from the same keyword arguments (router.py), which a
+        # LiteLLM proxy passes the body as: `specific_deployment` picks deployments by
+        # their provider model string across model groups (a group named `openai/gpt-4o`
+        # then reaches another group's deployment of that model, in another region),
+        # `passthrough_on_no_deployment` calls the provider directly when no deployment
+        # matches, the rest its retries, fallbacks, guardrails and logging callbacks
+        "specific_deployment",
+        "passthrough_on_no_deployment",
+        "passthrough",
+        "model_id",
+        "model_group_retry_policy",
+        "fallback_model_group",
+        "disable_fallbacks",
+        "include_fallback_errors",
+        "selected_guardrail",
+        "standard_callback_dynamic_params",
+        "routing_groups",
+        "routing_strategy_args",
+        "original_function",
+        "original_generic_function",
+        "call_type",
+        "adapter_id",
     }
 )
 # Families of the same: LiteLLM's own (`litellm_params`, `litellm_metadata`, ...), made-up
@@ -294,6 +321,23 @@ def _is_control(name: str) -> bool:
 assert not any(_is_control(name) for name in COMMON_FIELDS)
 
 
+# OpenAI's `metadata`: an object or null only (`_refuse_encoded_metadata`).
+_METADATA: Final = "metadata"
+
+
+def _refuse_encoded_metadata(name: str, value: Any) -> None:
+    """400 for a `metadata` that is not an object or null: a LiteLLM proxy decodes a
+    string there as its metadata object (and reads its `user_id` as the end user)."""
+    if value is None or isinstance(value, dict):
+        return
+    raise GatewayError(
+        ErrorCode.invalid_request,
+        f"`{excerpt(name)}` must be an object or null: a router may read a string there as "
+        "an object the gateway did not check",
+        param=excerpt(name),
+    )
+
+
 # The fields that declare tools (`tool_problem` reads them), as a Go router reads them.
 _TOOL_FIELDS: Final = frozenset({"tools", "functions"})
 
@@ -311,6 +355,8 @@ def refuse_control_fields(doc: Mapping[str, Any], body: bytes) -> None:
     backend may be such a router."""
     tools = "tools" in doc  # or a name that folds to `tools` or `functions`, below
     for name in doc:
+        if len(name) == len(_METADATA) and name.casefold() == _METADATA:
+            _refuse_encoded_metadata(name, doc[name])
         if name in COMMON_FIELDS:  # most names: lower case already, and none a control field
             continue
         folded = name if name.isascii() and name.islower() else name.casefold()

@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any
 
 from gateway.api.attempt_errors import attempt_error, stopped
-from gateway.api.attempt_media import Narrowed, media_narrowed, media_refusal
+from gateway.api.attempt_media import Narrowed, media_narrowed
 from gateway.api.body import BodyScan, parse_body
 from gateway.api.control_fields import refuse_control_fields
 from gateway.api.decided import Decided, Withdrawn, withdrawn_by_reload
@@ -55,6 +55,7 @@ from gateway.api.refusal import (
     nothing_served,
 )
 from gateway.api.reservation import reserve_tokens
+from gateway.api.router_fields import RouterFields, private_refusal
 from gateway.api.server_fields import refuse_unreadable_encoding
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
@@ -220,6 +221,7 @@ class Proxy:
         # media URLs), and the rule its refusal record names.
         unsent: GatewayError | None = None
         unsent_rule = HOSTED_CHECKS_RULE
+        routers = RouterFields(doc, exchange.endpoint)  # a `kind: openai` backend's hosted rule
         stop: GatewayError | None = None
         gone: str | GatewayError | None = None
         try:
@@ -236,14 +238,15 @@ class Proxy:
                         outcome, reason, came_to = Outcome.skipped, withdrawn, withdrawn.came_to
                         continue
                     prepared = None
-                    if attempt.private and media is not None:  # before its dispatch record
-                        refused = media_refusal(media, registry, attempt)
-                        if refused is not None:  # not sent: no record, the next one may serve
-                            outcome, reason = Outcome.skipped, f"{attempt.backend.id}: media URL"
-                            came_to = "refused"  # the request's URL: no fallback
-                            if unsent is None:
-                                unsent, unsent_rule = refused, MEDIA_URLS_RULE
-                            continue
+                    # before its dispatch record: its media URLs, a router's hosted fields
+                    found = private_refusal(media, routers, registry, attempt)
+                    if found is not None:
+                        # not sent: no record, the next one may serve
+                        outcome, reason = Outcome.skipped, f"{attempt.backend.id}: {found[2]}"
+                        came_to = "refused"  # the request's URL or field: no fallback
+                        if unsent is None:
+                            unsent, unsent_rule = found[0], found[1]
+                        continue
                     if not attempt.private:  # checked before its dispatch record, sent nothing
                         try:
                             prepared = await hosted.prepare(exchange, attempt, doc)
@@ -343,7 +346,7 @@ class Proxy:
             # The error raised from here holds this frame (its traceback): none of
             # them may stay among its locals, or the frames up to the request's (its
             # body among their locals) outlive it in a reference cycle.
-            last = unsent = stop = gone = refused = None
+            last = unsent = stop = gone = found = None
 
     async def _refused(self, exchange: Exchange, refused: Refused) -> None:
         """The refusal record (nothing was dispatched): the decision's rule and trace, and

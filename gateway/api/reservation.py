@@ -15,10 +15,12 @@ comes when that does not fit what is left of the minute's budget:
                        hold: a prompt given as token ids is exactly that many tokens
                        (the digits of the numbers are left out of the bytes / 4; their
                        separators still count there, a quarter token each)
-    media parts      = the image, audio, video and file parts of chat messages, the
-                       items of llama.cpp's `multimodal_data` (in `prompt`, `input` or
-                       `content`) and the `image` and `video` of SGLang's embedding input
-                       objects (`usage_bound.media_parts`, the parts the usage bound
+    media parts      = the image, audio, video and file parts of chat messages and the
+                       items of their `images`, the items of llama.cpp's
+                       `multimodal_data` (in `prompt`, `input` or `content`), the `image`
+                       and `video` of SGLang's embedding input objects and the `input`
+                       strings of an Infinity embedding of media (`modality` not text)
+                       (`usage_bound.media_parts`, the parts the usage bound
                        allows `MEDIA_ALLOWANCE` tokens each)
     media allowance  = the tenant's `limits.reserved_tokens_per_media`, by default
                        `MEDIA_RESERVED` (4096: a photo as most vision models tokenize it;

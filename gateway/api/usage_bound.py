@@ -6,7 +6,8 @@ tenant is charged the reported usage only up to a bound the request itself justi
 
     bound = prompt bound + completion bound            (at most 2**53)
     prompt bound     = request body bytes + PROMPT_ALLOWANCE
-                       + MEDIA_ALLOWANCE per non-text content part of a chat message
+                       + MEDIA_ALLOWANCE per media item (`media_parts`: a chat
+                         message's non-text parts and `images`, embeddings' media)
     completion bound = answer bytes + choices * COMPLETION_ALLOWANCE
                        or, when the client set a limit every backend reads,
                        answer bytes + choices * limit when that is less
@@ -27,8 +28,10 @@ text the client sent (JSON escapes only add bytes), plus what the backend adds t
 body does not carry: a chat template's role markers and default system prompt
 (`PROMPT_ALLOWANCE`), and an image, audio or video part that it fetches or decodes into
 many tokens from a short URL or a small file (`MEDIA_ALLOWANCE` each, as is each item of a
-llama.cpp prompt object's `multimodal_data`, in a completion's `prompt` or an embedding's
-`input` or `content`, and each `image` and `video` of SGLang's embedding input objects).
+message's `images`, of a llama.cpp prompt object's `multimodal_data`, in a completion's
+`prompt` or an embedding's `input` or `content`, each `image` and `video` of SGLang's
+embedding input objects, and each string of an Infinity embedding's `input` whose
+`modality` is not text).
 An output token is
 at least one byte of the answer relayed (a whole answer's body, or a stream's relayed
 bytes), except tokens that leave no text: end-of-sequence and other special tokens, and a
@@ -55,7 +58,8 @@ so (`usage_bound`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from itertools import repeat
 from typing import Any, Final
 
 from gateway.canonical import MAX_SAFE_INTEGER
@@ -138,6 +142,7 @@ READ_FIELDS: Final = (
     "prompt",
     "messages",
     "input",  # the token reservation's (gateway/api/reservation.py): its token ids
+    "modality",  # Infinity's: `input` as media URLs (`media_parts`)
 )
 """The top-level request fields the bound and the token reservation read: a backend
 must read each as the gateway does, so a body may not repeat one or hold it in another
@@ -201,33 +206,49 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
 
 
 def media_parts(ask: Mapping[str, Any] | None) -> int:
-    """Content parts of chat messages that are not text, media items of llama.cpp prompt
+    """Content parts of chat messages that are not text, the items of a message's `images`
+    (LiteLLM's and Ollama's images beside the content), media items of llama.cpp prompt
     objects (`{"prompt_string": ..., "multimodal_data": [...]}` as a completion's
-    `prompt`, an embedding's `input` or `content`), and the `image` and `video` of
-    SGLang's embedding input objects (`[{"text": ..., "image": ...}]`), at most
-    `_MEDIA_COUNTED` looked at.
+    `prompt`, an embedding's `input` or `content`), the `image` and `video` of SGLang's
+    embedding input objects (`[{"text": ..., "image": ...}]`), at most `_MEDIA_COUNTED`
+    looked at; and each string of an embedding's `input` whose `modality` is not text
+    (Infinity fetches and embeds each as an image or audio clip).
 
-    A message's `content` and a part's `type` are read in any case too, as a server in
-    Go reads them (encoding/json matches names without regard to case and keeps the
-    last): `{"content": "hi", "Content": [13 images]}` and `{"type": "text", "Type":
+    A message's `content` and `images` and a part's `type` are read in any case too, as a
+    server in Go reads them (encoding/json matches names without regard to case and keeps
+    the last): `{"content": "hi", "Content": [13 images]}` and `{"type": "text", "Type":
     "image_url", ...}` are 13 images and an image to such a server, and were none to the
     reservation and the bound. A part counts when any of its type names is not text."""
     if ask is None:
         return 0
     found = seen = 0
-    for holder, key in _media_holders(ask):
-        items = holder.get(key) if isinstance(holder, dict) else None
-        if key in _PROMPT_MEDIA and items is not None and not isinstance(items, list):
-            items = [items]  # SGLang's one image or video of an embedding input object
+    for holder, key, every in _media_holders(ask):
+        items = holder.get(key)
+        if every and items is not None and not isinstance(items, list):
+            items = [items]  # one item (SGLang's image or video of an input object)
         if not isinstance(items, list):
             continue
         for item in items:
             seen += 1
             if seen > _MEDIA_COUNTED:
-                return found
-            if key in _PROMPT_MEDIA or _media_part(item):
+                return found + _modality_inputs(ask)
+            if every or _media_part(item):
                 found += 1
-    return found
+    return found + _modality_inputs(ask)
+
+
+def _modality_inputs(ask: Mapping[str, Any]) -> int:
+    """The strings of an embedding's `input` that Infinity reads as media URLs (its
+    `modality` not text: gateway/api/private_media.py), each counted, in C."""
+    if ask.get("modality") in _TEXT_MODALITY:
+        return 0
+    value = ask.get("input")
+    if isinstance(value, str):
+        return 1
+    return sum(map(isinstance, value, repeat(str))) if isinstance(value, list) else 0
+
+
+_TEXT_MODALITY: Final = (None, "text")  # Infinity's `modality` that reads `input` as text
 
 
 def _media_part(item: Any) -> bool:
@@ -263,24 +284,39 @@ def _folded(holder: Any, name: str) -> list[str]:
 # and llama.cpp's embeddings `content` (read when there is no `input`), each the object
 # itself or entries of a batch (as gateway/api/private_media.py walks them).
 _PROMPT_HOLDERS: Final = ("prompt", "input", "content")
+_PLAIN: Final = frozenset(("role", "content"))  # a plain chat message's keys: no `images`
 # The media of such an object: llama.cpp's `multimodal_data` (an array of items), SGLang's
 # embeddings `image` and `video` (one item each; an array counts its items).
 _PROMPT_MEDIA: Final = ("multimodal_data", "image", "video")
 
 
-def _media_holders(ask: Mapping[str, Any]) -> list[tuple[Any, str]]:
-    """Where media may sit: each chat message's `content` (in any case: `_folded`), and
-    each prompt or input object's media (`_PROMPT_MEDIA`; llama.cpp and SGLang read names
-    as written)."""
+def _media_holders(ask: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], str, bool]]:
+    """Where media may sit, and whether each item there is one: each chat message's
+    `content` (parts, each judged) and `images` (each an image), in any case
+    (`_folded`), and each prompt or input object's media (`_PROMPT_MEDIA`, each an item;
+    llama.cpp and SGLang read names as written). A generator: `media_parts` stops once
+    it looked at `_MEDIA_COUNTED` items, and the entries past them are never visited (a
+    list of every holder first took four times the body's parse for an 8 MiB batch of
+    SGLang input objects)."""
     messages = ask.get("messages")
-    holders: list[tuple[Any, str]] = []
     if isinstance(messages, list):
         for message in messages:
-            holders.append((message, "content"))
-            holders += [(message, k) for k in _folded(message, "content")]
+            if not isinstance(message, dict):
+                continue
+            yield message, "content", False
+            for key in _folded(message, "content"):
+                yield message, key, False
+            if not message.keys() <= _PLAIN:  # not a plain role and content
+                for key in _named(message, "images"):
+                    yield message, key, True
     for name in _PROMPT_HOLDERS:
         value = ask.get(name)
         for entry in value if isinstance(value, list) else [value]:
             if isinstance(entry, dict):
-                holders += [(entry, key) for key in _PROMPT_MEDIA]
-    return holders
+                for key in _PROMPT_MEDIA:
+                    yield entry, key, True
+
+
+def _named(holder: dict[str, Any], name: str) -> list[str]:
+    """`name` if `holder` has it, and the keys a server in Go reads as it (`_folded`)."""
+    return ([name] if name in holder else []) + _folded(holder, name)

@@ -43,6 +43,7 @@ from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 __all__ = [
     "AWS_PREFIXES",
     "AWS_REGION",
+    "REGION_ONLY_PREFIXES",
     "arn_region",
     "check_bedrock_profiles",
     "check_bedrock_regions",
@@ -60,6 +61,9 @@ AWS_PREFIXES: Final = (
     "sagemaker_chat/",
     "sagemaker_nova/",
 )
+# AWS routes whose URL LiteLLM builds from the Region whatever `base_url` says
+# (`runtime.sagemaker.<region>.amazonaws.com`): their ARN's Region is where they go.
+REGION_ONLY_PREFIXES: Final = ("sagemaker/", "sagemaker_chat/", "sagemaker_nova/")
 # An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
 AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
 # AWS's endpoint domains: IPv4 (`.amazonaws.com`, China's `.amazonaws.com.cn`) and
@@ -150,21 +154,20 @@ def check_bedrock_regions(
     region: str, provider_models: Iterable[str], base_url: str | None
 ) -> None:
     """Raise ValueError when the AWS Region a Bedrock backend's config names (its
-    `base_url` host's, else an ARN's) is not the declared `region` (nor in its area)."""
-    if base_url is not None:
-        host = _aws_host(base_url)
-        if host is None:
-            return  # not an AWS host: taken as declared (docs/configuration.md)
-        for named in (p for p in host.split(".") if AWS_REGION.fullmatch(p)):
-            if not _within(named, region):
-                raise ValueError(
-                    f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
-                    f"declares region {region!r}, which policies judge"
-                )
-        return
+    `base_url` host's, else an ARN's; a SageMaker model's ARN's whatever its `base_url`,
+    which LiteLLM does not read) is not the declared `region` (nor in its area)."""
+    host = _aws_host(base_url) if base_url is not None else None
+    for named in (p for p in (host or "").split(".") if AWS_REGION.fullmatch(p)):
+        if not _within(named, region):
+            raise ValueError(
+                f"base_url host {host!r} is in AWS Region {named!r}, but the backend "
+                f"declares region {region!r}, which policies judge"
+            )
     for model in provider_models:
         if not model.startswith(AWS_PREFIXES):
             continue
+        if base_url is not None and not model.startswith(REGION_ONLY_PREFIXES):
+            continue  # sent to the base_url (a host not AWS's: taken as declared)
         for named in _arn_regions(model):
             if not _within(named, region):
                 raise ValueError(

@@ -15,9 +15,12 @@ So on every path a tool must be of type `function` or `custom`, with only the AP
 tool: `{"type": "custom", "googleSearch": {}}` is Google Search), and a legacy
 `functions` entry needs a string `name` and only the API's keys. `tool_problem` names the
 first that is not; the ingress refuses it for every backend (gateway/api/control_fields.py)
-and the hosted attempt checks it again (gateway/upstream/hosted_fields.py). A tool that is
-not an object, or whose `type` is not a string, is left to the backend (it refuses it;
-the hosted shape check names it: gateway/upstream/openai_shapes.py).
+and the hosted attempt checks it again (gateway/upstream/hosted_fields.py). A tool's `type`,
+when present, is a string: `{"type": "web_search", "type": null}` is a tool of no type
+to the gateway (orjson keeps the last copy) and a web search to a router in Go, whose
+encoding/json leaves a string field as it was for a `null` (or a value of another type).
+A tool that is not an object is left to the backend (it refuses it; the hosted shape
+check names it: gateway/upstream/openai_shapes.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ _TOOL_TYPE: Final = (
     "the request names), which no policy judged; only `function` and `custom` tools, which "
     "the client runs, are sent"
 )
+_TYPE_VALUE: Final = "a tool's `type` is the string `function` or `custom`"
+_ABSENT: Final = object()
 _TOOL_SHAPE: Final = "a tool has only `type` and its `function` (or `custom`) definition"
 _FUNCTION_SHAPE: Final = "a function has a string `name` and only `description` and `parameters`"
 
@@ -66,8 +71,10 @@ def _tool_problem(name: str, tools: Any) -> tuple[str, str] | None:
     for i, tool in enumerate(tools if isinstance(tools, list) else ()):
         if not isinstance(tool, dict):
             continue
-        kind = tool.get("type")
-        if isinstance(kind, str) and kind not in CLIENT_TOOL_TYPES:
+        kind = tool.get("type", _ABSENT)
+        if kind is not _ABSENT and not isinstance(kind, str):
+            return f"{name}[{i}].type", _TYPE_VALUE  # a copy before it may be read
+        if kind is not _ABSENT and kind not in CLIENT_TOOL_TYPES:
             return f"{name}[{i}].type", _TOOL_TYPE
         if not tool.keys() <= _TOOL_KEYS:
             return f"{name}[{i}]", _TOOL_SHAPE

@@ -36,7 +36,8 @@ of type `function` and `custom` (both run by the client, not the provider), with
 beyond the API's, and legacy `functions` with a `name`, are sent: the rule of every path
 (gateway/upstream/client_tools.py, refused at the ingress), checked here again.
 `store: false` (the default), `prompt_cache_retention: "in_memory"` (the default) and null
-values ask for nothing and pass.
+values ask for nothing and pass. A private `kind: openai` backend, which may be a router in
+front of such providers, is held to the same rule (gateway/api/router_fields.py).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ from gateway.upstream.finish_reasons import (
 )
 from gateway.upstream.hosted_errors import HostedError
 
-__all__ = ["Unfinished", "inputs_in", "relabel", "short_of", "unfinished"]
+__all__ = ["Unfinished", "relabel", "short_of", "unfinished"]
 
 
 class Unfinished(HostedError):
@@ -168,13 +168,13 @@ def short_of(
 def _asked(endpoint: str, params: Mapping[str, Any]) -> int:
     """How many choices (or embeddings) `params` ask for: `n` (else 1) for each prompt."""
     if endpoint == "embeddings":
-        return inputs_in(params.get("input"))
+        return _inputs(params.get("input"))
     n = params.get("n")
     each = n if isinstance(n, int) and not isinstance(n, bool) else 1
-    return each * (inputs_in(params.get("prompt")) if endpoint == "completions" else 1)
+    return each * (_inputs(params.get("prompt")) if endpoint == "completions" else 1)
 
 
-def inputs_in(value: Any) -> int:
+def _inputs(value: Any) -> int:
     """The prompts (or inputs) in `value`: a string or one token array is one, a list of
     strings or of token arrays one each."""
     if isinstance(value, list) and value and not all(isinstance(v, int) for v in value):

@@ -69,10 +69,13 @@ __all__ = [
     "install_verified_clients",
 ]
 
-# (endpoint, LiteLLM route) whose prompt LiteLLM 1.108.7 sends through boto3, and why not.
+# (endpoint, LiteLLM route) whose prompt LiteLLM 1.108.7 sends through boto3, and why not:
+# botocore's proxy, trust and answer bound are forced now (`install_botocore_rules`), its
+# retries (the prompt in each) are not.
 BOTO3_ROUTES: Final = {
     ("embeddings", "sagemaker"): "on another route: LiteLLM sends sagemaker/ embeddings "
-    "through boto3, past the gateway's proxy, trust and answer bounds",
+    "through boto3, which sends the request again on its own retries, outside the "
+    "gateway's attempts",
 }
 _MARK: Final = "_owngate_hosted_rules"
 _READ: Final = 65536

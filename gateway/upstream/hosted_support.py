@@ -31,12 +31,17 @@ to the provider's `/completions` only on OpenAI-style text routes (`openai/<a mo
 its chat catalog>`, `text-completion-openai/`, `azure_text/`, `text-completion-codestral/`
 and the OpenAI-compatible servers it lists); on any other it asks the provider's chat
 adapter, which drops as for a chat (`seed` and `n` to Anthropic were left out): such a
-request is judged by the chat table. An embeddings request's `dimensions` was dropped for
-a model LiteLLM does not think takes it (`openai/<not text-embedding-3>`, Mistral): it is
-refused there, by LiteLLM's own mapping (`get_optional_params_embeddings`, asked once per
-model: a pure function). `encoding_format` is not judged: an adapter that drops it
-(Gemini, Vertex AI) answers floats, which the answer itself shows (and the OpenAI SDK
-reads either), and `user` is advisory.
+request is judged by the chat table. A chat carries neither several prompts (LiteLLM asked
+one chat of them all, one user message, and its one choice was 502 after the provider had
+been sent them, the breaker charged) nor a text completion's own `echo`, `suffix` and
+`best_of` (LiteLLM hands them to the adapter as the provider's own fields, top-level keys
+of Anthropic's Messages body, which a provider ignoring them answered without): each is
+refused unless at its default (`_refuse_text_only`). An embeddings request's `dimensions`
+was dropped for a model LiteLLM does not think takes it (`openai/<not text-embedding-3>`,
+Mistral): it is refused there, by LiteLLM's own mapping (`get_optional_params_embeddings`,
+asked once per model: a pure function). `encoding_format` is not judged: an adapter that
+drops it (Gemini, Vertex AI) answers floats, which the answer itself shows (and the OpenAI
+SDK reads either), and `user` is advisory.
 
 Not covered (docs/security.md): a value LiteLLM's adapter drops though the field is
 supported (`temperature` other than 1 on `openai/gpt-5`).
@@ -52,7 +57,6 @@ from typing import Any, Final
 
 from gateway.upstream.hosted_errors import HostedError
 from gateway.upstream.hosted_fields import RefusedField
-from gateway.upstream.hosted_finish import inputs_in
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_request import forwarded_fields
 
@@ -68,14 +72,17 @@ _OWN: Final = frozenset({"messages", "stream", "stream_options"})
 _WHY: Final = (
     "this model's provider does not take it (LiteLLM would leave it out and answer without it)"
 )
-# A text completion LiteLLM asks as a chat: its prompts become one chat's messages, one
-# answer for them all, where the client asked for one each (a 502 once it was sent).
+# A text completion's fields a chat has not: refused where LiteLLM asks a chat adapter
+# (see the module's notes), unless at their defaults.
+_TEXT_ONLY: Final = ("best_of", "echo", "suffix")
+_NOT_A_CHAT: Final = "LiteLLM asks this model's provider as a chat, which has no such field"
 _ONE_PROMPT: Final = (
-    "one prompt for this model's provider (LiteLLM would ask it as one chat, "
-    "merging the prompts into one answer)"
+    "a single prompt for this model's provider (LiteLLM asks it as one chat of them all)"
 )
 # A field at its API default asks for nothing: losing it changes nothing.
 _DEFAULTS: Final[dict[str, Any]] = {
+    "best_of": 1,
+    "echo": False,
     "n": 1,
     "logprobs": False,
     "top_logprobs": 0,
@@ -137,11 +144,10 @@ class SupportTable:
         its default: a chat's, a text completion's LiteLLM sends as a chat, an embeddings
         request's `dimensions`."""
         try:
-            if endpoint == "chat" or (
-                endpoint == "completions" and self._as_chat(litellm, provider_model)
-            ):
-                if endpoint == "completions" and inputs_in(params.get("prompt")) > 1:
-                    raise InvalidField("prompt", _ONE_PROMPT)
+            if endpoint == "completions" and self._as_chat(litellm, provider_model):
+                _refuse_text_only(params)
+                self._refuse_dropped(litellm, params, provider_model)
+            elif endpoint == "chat":
                 self._refuse_dropped(litellm, params, provider_model)
             elif endpoint == "embeddings" and "dimensions" in params:
                 if self._undimensioned.get(provider_model) is None:
@@ -149,7 +155,7 @@ class SupportTable:
                     self._undimensioned[provider_model] = undimensioned
                 if self._undimensioned[provider_model]:
                     raise RefusedField("dimensions", _WHY)
-        except (InvalidField, RefusedField) as exc:
+        except (RefusedField, InvalidField) as exc:
             raise not_valid(self._provider, exc) from None
 
     def _as_chat(self, litellm: ModuleType, provider_model: str) -> bool:
@@ -238,6 +244,17 @@ def drops_dimensions(litellm: ModuleType, provider_model: str, api_base: str | N
         return bool(mapping() == mapping(dimensions=256))
     except Exception:  # noqa: BLE001 - as in `dropped_fields`: the call fails the same way
         return False
+
+
+def _refuse_text_only(params: Mapping[str, Any]) -> None:
+    """A text completion LiteLLM asks as a chat: `InvalidField` for several prompts,
+    `RefusedField` for a field of `_TEXT_ONLY` not at its default."""
+    prompt = params.get("prompt")
+    if isinstance(prompt, list) and sum(isinstance(p, str) for p in prompt) > 1:
+        raise InvalidField("prompt", _ONE_PROMPT)
+    for name in _TEXT_ONLY:
+        if name in params and not _at_default(name, params[name]):
+            raise RefusedField(name, _NOT_A_CHAT)
 
 
 def _at_default(name: str, value: Any) -> bool:

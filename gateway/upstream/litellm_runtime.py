@@ -93,7 +93,9 @@ Every stream wrapper LiteLLM creates keeps 13 of its chunks at most, not every o
 of its text (`install_stream_bound`, gateway/upstream/hosted_stream.py): it kept them all
 until the stream ended, about 4 KB a chunk. Its parser of an Anthropic stream keeps two
 deltas a content block and none of the thinking text (`install_delta_bound`,
-gateway/upstream/anthropic_deltas.py): it kept every one, about 1 KB each.
+gateway/upstream/anthropic_deltas.py): it kept every one, about 1 KB each. It gives a
+turn Anthropic paused (`pause_turn`), or ended for a reason unknown or null, no finish
+reason, where it gave `"stop"` (`install_stop_reasons`, gateway/upstream/anthropic_stops.py).
 
 A chat or text completion LiteLLM serves through a Responses API (its bridge) asks the
 provider to store nothing: `"store": false`, which that API does not default to
@@ -123,6 +125,7 @@ from typing import Any, Final
 
 from gateway.logs import get_logger
 from gateway.upstream.anthropic_deltas import install_delta_bound
+from gateway.upstream.anthropic_stops import install_stop_reasons
 from gateway.upstream.hosted_libraries import (
     install_botocore_rules,
     install_hosted_roots,
@@ -255,6 +258,7 @@ def load_litellm() -> ModuleType:
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     install_text_client_default()  # a bridged text completion: the gateway's client, closed
     install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking
+    install_stop_reasons()  # ... and no finish reason for a paused (or unknown) stop
     for module in _FIRST_CALL_MODULES:  # here, not beside the first call's traffic
         with contextlib.suppress(ImportError):  # another LiteLLM: its first call imports it
             importlib.import_module(module)

@@ -44,7 +44,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
-from gateway.config.bedrock_profiles import AWS_PREFIXES, AWS_REGION, arn_region, host_region
+from gateway.config.bedrock_profiles import (
+    AWS_PREFIXES,
+    AWS_REGION,
+    REGION_ONLY_PREFIXES,
+    arn_region,
+    host_region,
+)
 from gateway.config.vertex_regions import VERTEX_PREFIXES, named_locations
 from gateway.policy.jurisdictions import expand, is_jurisdiction, region_matches
 
@@ -53,8 +59,6 @@ __all__ = ["pinned_regions"]
 # Where LiteLLM (and boto3 under it) reads the Region, in its order.
 _AWS_VARIABLES: Final = ("AWS_REGION_NAME", "AWS_REGION", "AWS_DEFAULT_REGION")
 _AWS_DEFAULT: Final = "us-west-2"
-# AWS routes whose URL LiteLLM builds from the Region whatever `api_base` says.
-_REGION_ONLY: Final = ("sagemaker/", "sagemaker_chat/", "sagemaker_nova/")
 _VERTEX_VARIABLES: Final = ("VERTEXAI_LOCATION", "VERTEX_LOCATION")
 _VERTEX_DEFAULT: Final = "us-central1"
 # A regional Google Cloud location (`europe-west4`, `us-central1`, `me-central2`).
@@ -96,10 +100,11 @@ def _aws_named(model: str, region: str, base_url: str | None) -> str | None:
     None. Without a `base_url`, a Bedrock ARN's, which LiteLLM takes over all else (checked
     within it at config load, gateway/config/bedrock_profiles.py). With one, where a
     Bedrock call goes: its AWS host's Region (checked likewise), else an ARN's when it is
-    within (with a `base_url` the config check reads the host alone). A SageMaker call
-    goes to the Region whatever its `base_url` says: an ARN's, else the declared one."""
+    within (with a `base_url` the config check reads a Bedrock model's host alone). A
+    SageMaker call goes to the Region whatever its `base_url` says: an ARN's (checked
+    within the declared one whatever the `base_url`), else the declared one."""
     named = arn_region(model)
-    if base_url is None or model.startswith(_REGION_ONLY):
+    if base_url is None or model.startswith(REGION_ONLY_PREFIXES):
         return named
     host = host_region(base_url)
     if host is not None:

@@ -16,7 +16,9 @@ could name another tenant's:
 
 The same fields reach private backends (`scoped_body`): a `kind: openai` backend may be a
 router shared by every tenant (a LiteLLM proxy on one provider account), where they name
-the same things. They are sent as the tenant's own there too, except to an attested
+the same things; so does `metadata.user_id`, which a LiteLLM proxy reads as the end user
+(its spend, budget and rate limits) when there is no `user` (the hosted path never sends
+`metadata`). They are sent as the tenant's own there too, except to an attested
 backend, which countersigns the body the client sent (vLLM, SGLang and llama.cpp keep no
 state by them).
 
@@ -58,6 +60,8 @@ __all__ = [
 IDENTIFIER_FIELDS: Final = ("user", "safety_identifier", "prompt_cache_key")
 # Their lengths: a body's other top-level names are not case-folded (`scoped_body`).
 _LENGTHS: Final = frozenset(map(len, IDENTIFIER_FIELDS))
+# A LiteLLM proxy's end user when there is no `user`: `metadata.user_id`.
+_METADATA, _METADATA_USER = "metadata", "user_id"
 # The private servers' field for a prefix cache's partition (vLLM, SGLang).
 CACHE_SALT: Final = "cache_salt"
 _IDENTIFIER: Final = b"og-identifier"  # BLAKE2b personalization: one domain each
@@ -119,18 +123,42 @@ def salted_body(body: bytes, doc: Mapping[str, Any], tenant: str) -> bytes:
 
 def scoped_body(body: bytes, doc: Mapping[str, Any], tenant: str) -> bytes:
     """`body` (the JSON object `doc`, but for a renamed `model` or the like) with each
-    identifier (`IDENTIFIER_FIELDS`) the tenant's own, for a private backend; `body`
-    itself when `doc` has none (most requests: no byte changes).
+    identifier (`IDENTIFIER_FIELDS`, and `metadata.user_id`) the tenant's own, for a
+    private backend; `body` itself when `doc` has none (most requests: no byte changes).
 
     A name in any case counts (`"User"`: a router in Go matches names without regard to
     case), and so does a value that is not a string but null (its JSON text is digested:
     a lax router reads `12345` as the string `"12345"`). The body is re-encoded from
     `body` parsed again, so a repeated name's other copies are gone with it."""
-    if not any(len(k) in _LENGTHS and k.casefold() in IDENTIFIER_FIELDS for k in doc):
+    if not any(_names_identifier(k, doc[k]) for k in doc):
         return body
     current = loads(body)
     for name, value in current.items():
-        if value is not None and len(name) in _LENGTHS and name.casefold() in IDENTIFIER_FIELDS:
-            written = value if isinstance(value, str) else orjson.dumps(value).decode()
-            current[name] = scoped_identifier(tenant, written)
+        if value is None or not _names_identifier(name, value):
+            continue
+        if name.casefold() == _METADATA:
+            current[name] = {
+                k: v if v is None or k.casefold() != _METADATA_USER else _scoped(tenant, v)
+                for k, v in value.items()
+            }
+        else:
+            current[name] = _scoped(tenant, value)
     return orjson.dumps(current)
+
+
+def _names_identifier(name: str, value: Any) -> bool:
+    """Whether the top-level `name` (with `value`) is an identifier, or a `metadata`
+    object holding `user_id`, in any case."""
+    if len(name) in _LENGTHS and name.casefold() in IDENTIFIER_FIELDS:
+        return True
+    return (
+        len(name) == len(_METADATA)
+        and isinstance(value, dict)
+        and name.casefold() == _METADATA
+        and any(len(k) == len(_METADATA_USER) and k.casefold() == _METADATA_USER for k in value)
+    )
+
+
+def _scoped(tenant: str, value: Any) -> str:
+    written = value if isinstance(value, str) else orjson.dumps(value).decode()
+    return scoped_identifier(tenant, written)

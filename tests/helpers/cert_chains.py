@@ -28,10 +28,12 @@ def chain_cert(
     path_length: int | None = None,
     constraints: x509.NameConstraints | None = None,
     hours: tuple[float, float] = (-1, 24),
+    issuer_name: x509.Name | None = None,
 ) -> Signer:
     """A certificate for `name` and its key, signed by `issuer` (None: self-signed), valid
     from and until `hours` from now: a CA's (with `path_length`, `constraints`), else an
-    end certificate for TLS clients (`client`) or for the server 127.0.0.1."""
+    end certificate for TLS clients (`client`) or for the server 127.0.0.1. `issuer_name`:
+    its issuer field spelled so (default: the issuer's subject as it is)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     signer_cert, signer_key = issuer if issuer is not None else (None, key)
@@ -39,7 +41,7 @@ def chain_cert(
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
-        .issuer_name(subject if signer_cert is None else signer_cert.subject)
+        .issuer_name(issuer_name or (subject if signer_cert is None else signer_cert.subject))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now + timedelta(hours=hours[0]))

@@ -11,7 +11,9 @@ log says what happened (gateway/api/control_fields.py, gateway/upstream/hosted_f
 - A hosted provider's own actions (`web_search_options`, `audio`, `store: true`):
   refused for the hosted attempt before its dispatch record (nothing is sent, so no
   dispatch record names the provider); with nothing else tried, the 400 the client got
-  has a refusal record (`reason` `upstream_bad_request`).
+  has a refusal record (`reason` `upstream_bad_request`). The same for a private
+  `kind: openai` backend, which may be a router that passes them to a hosted provider
+  (gateway/api/router_fields.py); a vLLM backend gets them as sent.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ import httpx
 import orjson
 import pytest
 
-from tests.helpers.gateways import LITELLM_WARNINGS, Gateway, Sim, logged_private_gateway, served
+from tests.helpers.gateways import (
+    LITELLM_WARNINGS,
+    Gateway,
+    Sim,
+    backend,
+    logged_gateway,
+    logged_private_gateway,
+    served,
+)
 from tests.helpers.log_truth import hosted_gateway
 from tests.helpers.provenance import assert_never_logged, request_records
 
@@ -77,6 +87,9 @@ def private(
         (b'"prompt_id": "stored"', "prompt_id"),
         (b'"preset_cache_key": "k"', "preset_cache_key"),
         (b'"input_cost_per_token": 0', "input_cost_per_token"),
+        # LiteLLM's Router's own: deployments picked by provider model, across groups
+        (b'"specific_deployment": true', "specific_deployment"),
+        (b'"passthrough_on_no_deployment": true', "passthrough_on_no_deployment"),
         # an inference server's disaggregation channel: where its KV cache comes from
         (
             b'"kv_transfer_params": {"do_remote_prefill": true, "remote_host": "decoy.example"}',
@@ -91,6 +104,11 @@ def private(
         ),
         (b'"bootstrap_host": "decoy.example", "bootstrap_room": 1', "bootstrap_host"),
         (b'"custom_logit_processor": "gASV..."', "custom_logit_processor"),
+        # a LiteLLM proxy decodes a string `metadata` as its object: its `user_id` (the end
+        # user of its spend and budgets) reached it as written, another tenant's included
+        (b'"metadata": "{\\"user_id\\": \\"decoy\\"}"', "metadata"),
+        (b'"Metadata": "{\\"tags\\": [\\"decoy\\"]}"', "Metadata"),
+        (b'"metadata": ["decoy"]', "metadata"),
     ],
 )
 def test_a_routers_control_field_is_refused_and_nothing_leaves(
@@ -178,6 +196,78 @@ def test_a_provider_action_is_refused_on_the_hosted_attempt(
     assert kinds == {"refusal"}
 
 
+# A private `kind: openai` backend may be a LiteLLM proxy in front of hosted providers: it
+# would pass these on as a hosted call would (a search, a stored completion, a prompt cache
+# kept for the client's `ttl`). Before, it was sent them as the client wrote them.
+ROUTED: list[tuple[dict[str, Any], str]] = [
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"store": True}, "store"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+    ({"cache_control": {"type": "ephemeral", "ttl": "1h"}}, "cache_control"),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+                    ],
+                }
+            ]
+        },
+        "messages[0].content[0].cache_control",
+    ),
+]
+
+
+@pytest.fixture
+def router(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> tuple[Gateway, Sim]:
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    gpu = backend("gpu", sim.url, "m", kind="openai")
+    return logged_gateway(start_gateway, tmp_path, [gpu], "example.com/fields"), sim
+
+
+@pytest.mark.parametrize(("extra", "param"), ROUTED)
+def test_a_provider_action_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: dict[str, Any], param: str
+) -> None:
+    gateway, sim = router
+    refused = post(gateway, orjson.dumps({**ASK, **extra}))
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert "not sent" in error["message"]
+    assert served(sim) == 0
+    # The attempt was not made (no dispatch record): a refusal saying what the client got.
+    request_id = refused.headers["x-request-id"]
+    (refusal,) = request_records(tmp_path / "log", request_id, "refusal")
+    assert (refusal["reason"], refusal["rule"]) == (
+        "upstream_bad_request",
+        "owngate/hosted_request",
+    )
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+def test_a_provider_action_passes_a_router_to_reach_an_inference_server(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    # vLLM acts on none of them: the plan's vLLM backend serves, the router gets nothing.
+    routing = start_sim("vllm", models=("m",), zero_latency=True)
+    vllm = start_sim("vllm", models=("m",), zero_latency=True)
+    backends = [backend("router", routing.url, "m", kind="openai"), backend("gpu", vllm.url, "m")]
+    gateway = logged_gateway(start_gateway, tmp_path, backends, "example.com/fields")
+    for extra, _ in ROUTED:
+        body = {**ASK, **extra}
+        answer = post(gateway, orjson.dumps(body))
+        assert answer.status_code == 200, answer.text
+        assert orjson.loads(vllm.app.captured("/v1/chat/completions")[-1].body) == body
+    assert served(routing) == 0
+    assert served(vllm) == len(ROUTED)
+
+
 # Tools the server itself would run: refused at the ingress for every backend, as a
 # router's control fields are (gateway/upstream/client_tools.py). A private `kind: openai`
 # backend may be a LiteLLM proxy, which runs an `mcp` tool's calls to its `server_url`
@@ -197,6 +287,9 @@ TOOLS: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "function", "Type": "mcp", "function": {"name": "f"}}]}, "tools[0]"),
     ({"Tools": [{"type": "mcp", "server_url": "http://decoy.example/mcp"}]}, "Tools[0].type"),
     ({"functions": [{"googleSearch": {}}]}, "functions[0]"),
+    # what orjson reads of `{"type": "web_search", "type": null}` (test below)
+    ({"tools": [{"type": None, "function": {"name": "f"}}]}, "tools[0].type"),
+    ({"tools": [{"type": 7, "function": {"name": "f"}}]}, "tools[0].type"),
     ({"functions": [{"name": "f", "url_context": {}}]}, "functions[0]"),
 ]
 
@@ -223,6 +316,20 @@ def test_a_tool_the_server_would_run_is_refused_on_every_path(
     assert ok.status_code == 200, ok.text
     log = tmp_path / "log"
     assert_never_logged(log, refused.headers["x-request-id"], ok.headers["x-request-id"])
+
+
+def test_a_tool_type_a_later_null_copy_hides_is_refused(private: tuple[Gateway, Sim]) -> None:
+    # orjson keeps the last copy (null: a tool of no type, which passed as the backend's
+    # to refuse); Go's encoding/json keeps the string over a later null: to a router in
+    # Go, a web search.
+    gateway, sim = private
+    tool = b'{"type": "web_search", "type": null}'
+    body = orjson.dumps(ASK)[:-1] + b', "tools": [' + tool + b"]}"
+    refused = post(gateway, body)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "tools[0].type")
+    assert served(sim) == 0
 
 
 def test_client_run_tools_still_reach_a_private_backend(private: tuple[Gateway, Sim]) -> None:
@@ -255,3 +362,73 @@ def test_client_run_tools_and_unstored_requests_still_reach_the_provider(
     assert forwarded["tools"] == tools
     assert forwarded["functions"] == body["functions"]
     assert not {"store", "web_search_options", "audio"} & forwarded.keys()
+
+
+# A LiteLLM proxy's `text_completion` passes a text completion's other fields on to
+# `completion()` as sent (LiteLLM 1.108.7, main.py): a web search or a stored completion
+# on /v1/completions too. Before, only chat requests to a router were judged.
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"store": True}, "store"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+        ({"cache_control": {"type": "ephemeral", "ttl": "1h"}}, "cache_control"),
+    ],
+)
+def test_a_provider_action_on_a_text_completion_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: dict[str, Any], param: str
+) -> None:
+    gateway, sim = router
+    refused = httpx.post(
+        f"{gateway.url}/v1/completions",
+        content=orjson.dumps({"model": "m", "prompt": "hi", **extra}),
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert served(sim) == 0
+    request_id = refused.headers["x-request-id"]
+    (refusal,) = request_records(tmp_path / "log", request_id, "refusal")
+    assert refusal["rule"] == "owngate/hosted_request"
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+# A router in Go (encoding/json and its look-alikes) matches names without regard to case
+# and reads the last match: `"Store": true` is a stored completion to it. Before, the
+# hosted rule read the exact spelling only, so these reached a `kind: openai` backend.
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        (b'"Store": true', "Store"),
+        (b'"store": false, "STORE": true', "STORE"),
+        (b'"Web_Search_Options": {}', "Web_Search_Options"),
+        (b'"\\u017ftore": true', "\u017ftore"),  # long s folds to `s`
+        (b'"cachepoint": {"type": "default"}', "cachepoint"),
+        (b'"Prompt_Cache_Retention": "24h"', "Prompt_Cache_Retention"),
+    ],
+)
+def test_a_provider_action_in_another_case_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, extra: bytes, param: str
+) -> None:
+    gateway, sim = router
+    refused = post(gateway, orjson.dumps(ASK)[:-1] + b", " + extra + b"}")
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert served(sim) == 0
+    request_id = refused.headers["x-request-id"]
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+def test_a_harmless_value_in_another_case_still_reaches_a_private_router(
+    router: tuple[Gateway, Sim],
+) -> None:
+    gateway, sim = router
+    body = orjson.dumps(ASK)[:-1] + b', "Store": false, "Audio": null}'
+    answer = post(gateway, body)
+    assert answer.status_code == 200, answer.text
+    assert served(sim) == 1

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.api import attempt_media, proxy
+from gateway.api import attempt_media, router_fields
 from gateway.provenance import load_signer
 from tests.helpers.audit_rig import request_log, settled
 from tests.helpers.gateways import (
@@ -131,7 +131,7 @@ def test_a_reload_narrowing_media_urls_before_the_dispatch_does_not_unlock_the_f
     allowed it) and a reload narrowed `media_urls` before its dispatch record: each attempt
     is withdrawn for the request's own URL, "refused" as at the first check, never "down"
     (before: down, and the request went hosted with the URL)."""
-    monkeypatch.setattr(proxy, "media_refusal", lambda *_: None)  # the arrival config's
+    monkeypatch.setattr(router_fields, "media_refusal", lambda *_: None)  # the arrival config's
     gateway, hosted, raws = setup(json_answer(completion_body("private")), NONE)
     response = post_image(gateway)
     assert served(hosted) == 0, response.text
@@ -158,7 +158,7 @@ def test_a_reload_narrowing_media_urls_after_the_dispatch_record_does_not_unlock
             return None
         return real(media, registry, attempt)
 
-    monkeypatch.setattr(proxy, "media_refusal", lambda *_: None)  # the arrival config's
+    monkeypatch.setattr(router_fields, "media_refusal", lambda *_: None)  # the arrival config's
     monkeypatch.setattr(attempt_media, "media_refusal", narrowed_after_the_record)
     gateway, hosted, raws = setup(json_answer(completion_body("private")), NONE)
     response = post_image(gateway)

@@ -280,7 +280,7 @@ def test_a_text_prompt_still_reaches_the_provider(
         return
     # LiteLLM would ask one chat of both prompts, one answer for two: refused unsent
     # (before: sent, then 502 for the one choice it held).
-    with pytest.raises(HostedError, match="must be one prompt") as refused:
+    with pytest.raises(HostedError, match="must be a single prompt") as refused:
         asyncio.run(send())
     assert refused.value.status == 400
     assert hits == []

@@ -117,7 +117,8 @@ def test_sagemaker_embeddings_are_refused_unsent(proxy: RawBackend) -> None:
     the environment's `HTTPS_PROXY` (the proxy was asked to CONNECT to
     runtime.sagemaker.eu-west-1.amazonaws.com, three times: botocore retried) and
     `AWS_CA_BUNDLE`, and read the answer whole. Refused before anything is sent, naming
-    the field (`model`): the gateway cannot hold boto3 to its proxy, trust and bounds."""
+    the field (`model`): those are forced now (`install_botocore_rules`), but botocore
+    still sends the prompt again on retries of its own, outside the gateway's attempts."""
     out = _call(
         "embeddings",
         "aws",

@@ -59,6 +59,8 @@ def refused(body: bytes) -> GatewayError:
         (b'{"model": "a", "prompt": ["a", "b"], "prompt": "a"}', "prompt"),
         (b'{"model": "a", "best_of": 8, "best_of": 1}', "best_of"),
         (b'{"model": "a", "input": [1, 2], "input": "a"}', "input"),
+        # Infinity's `modality`: whether `input` is media URLs it fetches, or text
+        (b'{"model": "a", "modality": "image", "modality": "text"}', "modality"),
     ],
 )
 def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
@@ -94,6 +96,9 @@ def test_a_repeated_decided_key_is_refused(body: bytes, param: str) -> None:
         (b'{"model": "a", "N_cmpl": 8}', "n_cmpl"),
         (b'{"model": "a", "prompt": "a", "PROMPT": ["a", "b"]}', "prompt"),
         (b'{"model": "a", "messages": [], "Me\\u017f\\u017fages": []}', "messages"),
+        # a router in Go would pass Infinity `modality: image`: `input` fetched as URLs,
+        # while the gateway read text and checked none of them
+        (b'{"model": "a", "input": ["http://10.0.0.5/"], "Modality": "image"}', "modality"),
     ],
 )
 def test_a_decided_key_in_another_case_is_refused(body: bytes, param: str) -> None:

@@ -10,7 +10,9 @@ import ssl
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from cryptography.x509.oid import NameOID
 
 from gateway.attest import listener_context
 from gateway.cli.main import main
@@ -123,3 +125,27 @@ def test_a_client_ca_mixing_a_lone_ca_with_a_root_and_its_ca_is_refused(
     argv += ["--client-ca", str(tmp_path / "client-ca.pem")]
     assert main(argv) == 2
     assert "--client-ca" in capsys.readouterr().err
+
+
+def test_a_ca_whose_issuer_field_spells_its_root_s_name_otherwise_is_bound_by_that_root(
+    tmp_path: Path, pki: dict[str, Signer]
+) -> None:
+    """OpenSSL matches an issuer's name as X.509 compares names (case and runs of spaces
+    aside: `ORG  Root` is `org root`), so a root and the CA below it whose issuer field
+    spells the root's name in capitals build one chain, the root's limits binding it.
+    The anchor check compared the names as written: it took that CA for one without its
+    issuer, set `VERIFY_X509_PARTIAL_CHAIN`, and the CA became an anchor of its own: the
+    clients it issued were admitted past its root's path length of 0."""
+    root = chain_cert("strict root", None, ca=True, path_length=0)
+    spelled = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "STRICT  Root")])
+    below = chain_cert("below the root", root, ca=True, issuer_name=spelled)
+    server = _sidecar(tmp_path, pki, _pem(root, below))
+    client = chain_cert("someone", below, ca=False, client=True)
+    assert not _admitted(server, tmp_path, client, below)
+    assert not _admitted(server, tmp_path, client)
+    # OpenSSL chains them so: under a root without that limit, the same spelling admits.
+    root = chain_cert("open root", None, ca=True)
+    spelled = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "OPEN  Root")])
+    below = chain_cert("below the root", root, ca=True, issuer_name=spelled)
+    server = _sidecar(tmp_path, pki, _pem(root, below))
+    assert _admitted(server, tmp_path, chain_cert("someone", below, ca=False, client=True), below)

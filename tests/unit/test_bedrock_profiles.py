@@ -168,6 +168,28 @@ def test_an_arn_in_another_region_than_declared_does_not_load(
 
 
 @pytest.mark.parametrize(
+    "provider_model",
+    [
+        "sagemaker/arn:aws:bedrock:us-east-1:123456789012:endpoint/x",
+        "sagemaker_chat/arn:aws:bedrock:us-east-1:123456789012:endpoint/x",
+        "sagemaker_nova/x:y:z:us-east-1:arn:aws:bedrock",
+    ],
+)
+@pytest.mark.parametrize(
+    "base_url", ["https://runtime.sagemaker.eu-west-1.amazonaws.com", "http://127.0.0.1:8000"]
+)
+def test_a_sagemaker_arn_in_another_region_does_not_load_whatever_its_base_url(
+    provider_model: str, base_url: str
+) -> None:
+    """LiteLLM builds a SageMaker call's URL from its Region alone (never reading
+    `api_base`), an ARN's when the model names one; the config check read a `base_url`'s
+    host alone, so a backend declared eu-west-1 with a `base_url` loaded, and its calls
+    were pinned to the ARN's us-east-1 (gateway/upstream/provider_regions.py)."""
+    message = refused("eu-west-1", provider_model, base_url)
+    assert "is an ARN in AWS Region 'us-east-1'" in message
+
+
+@pytest.mark.parametrize(
     ("region", "base_url"),
     [
         ("eu-central-1", "https://bedrock-runtime.us-east-1.amazonaws.com"),

@@ -81,6 +81,11 @@ def test_every_litellm_argument_but_openais_own_is_refused() -> None:
         "deployment_url",
         "sagemaker_base_url",
         "_router_weights",
+        # its Router's own, read from the keyword arguments a LiteLLM proxy makes of the body
+        "specific_deployment",
+        "passthrough_on_no_deployment",
+        "model_group_retry_policy",
+        "standard_callback_dynamic_params",
     ],
 )
 def test_a_litellm_argument_that_moves_the_call_is_refused_naming_it(name: str) -> None:

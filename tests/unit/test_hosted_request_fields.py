@@ -3,10 +3,15 @@ openai_request.py `request_params`): the allow-list, checked without LiteLLM or 
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any, cast
+
 import pytest
 
 from gateway.api.passed_fields import OPENAI_FIELDS, PASSED_FIELDS
+from gateway.upstream.hosted_errors import HostedError
 from gateway.upstream.hosted_fields import RefusedField
+from gateway.upstream.hosted_prepare import prepare_request
 from gateway.upstream.invalid_field import InvalidField
 from gateway.upstream.openai_request import forwarded_fields, request_params
 from gateway.upstream.unsent_fields import ANSWER_FIELDS, LEFT_OUT, SERVER_FIELDS_UNSENT
@@ -284,3 +289,24 @@ def test_no_field_a_private_backend_is_passed_is_left_out_unsaid_for_a_hosted_on
     assert "CANARY" not in str(refused.value)
     assert field not in LEFT_OUT
     assert field in ANSWER_FIELDS | SERVER_FIELDS_UNSENT or field in OPENAI_FIELDS
+
+
+def test_sagemaker_embeddings_are_refused_for_botocore_s_retries() -> None:
+    """The refusal (`BOTO3_ROUTES`) said boto3 went past the gateway's proxy, trust and
+    answer bounds: those are forced now (`install_botocore_rules`). What remains, and
+    what the client reads, is that botocore sends the prompt again on retries of its own."""
+    with pytest.raises(HostedError) as refused:  # refused before any lookup or LiteLLM
+        asyncio.run(
+            prepare_request(
+                "embeddings",
+                ask("embeddings"),
+                "sagemaker/my-endpoint",
+                provider="aws",
+                resolve=cast(Any, None),
+                support=cast(Any, None),
+            )
+        )
+    assert (refused.value.status, refused.value.param) == (400, "model")
+    said = refused.value.public
+    assert "retries" in said and "outside the gateway's attempts" in said, said
+    assert "proxy" not in said and "trust" not in said, said

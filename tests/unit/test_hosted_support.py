@@ -131,21 +131,38 @@ def test_a_text_completion_litellm_asks_as_a_chat_is_held_to_the_chat_fields(
 
 
 @pytest.mark.parametrize(
-    "prompt", [["a", "b"], [[1, 2], [3]], ["a", "b", "c"]], ids=["strings", "tokens", "three"]
+    ("fields", "param"),
+    [
+        # LiteLLM asks the chat adapter one chat of every prompt (one user message): one
+        # choice came back for two prompts, sent and then 502 (the breaker charged).
+        ({"prompt": ["alpha", "beta"]}, "prompt"),
+        # Text completion fields LiteLLM hands the chat adapter as the provider's own
+        # (top-level keys of Anthropic's Messages body): a provider that ignores them
+        # answered without the echo, the suffix or the best of several, a 200.
+        ({"prompt": "p", "echo": True}, "echo"),
+        ({"prompt": "p", "suffix": "s"}, "suffix"),
+        ({"prompt": "p", "best_of": 3}, "best_of"),
+    ],
 )
-def test_several_prompts_litellm_would_ask_as_one_chat_are_refused(
-    litellm: ModuleType, prompt: list[Any]
+def test_a_text_completion_asked_as_a_chat_is_refused_what_a_chat_cannot_carry(
+    litellm: ModuleType, fields: dict[str, Any], param: str
 ) -> None:
-    # LiteLLM makes one chat of them (a user message each): one answer for all, where
-    # one each was asked (a 502 once sent, gateway/upstream/hosted_finish.py `short_of`).
     table = SupportTable("anthropic", None)
-    table.check(litellm, "completions", {"prompt": ["a"]}, "anthropic/claude-sonnet-4-5")
     with pytest.raises(HostedError) as refused:
-        table.check(litellm, "completions", {"prompt": prompt}, "anthropic/claude-sonnet-4-5")
-    assert (refused.value.status, refused.value.param) == (400, "prompt")
-    assert "not sent" in str(refused.value)
-    # A route that sends them to `/completions` answers one each.
-    SupportTable("openai", None).check(litellm, "completions", {"prompt": prompt}, "openai/m")
+        table.check(litellm, "completions", fields, "anthropic/claude-sonnet-4-5")
+    assert (refused.value.status, refused.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"prompt": ["alpha"]}, {"prompt": "p", "echo": False, "best_of": 1}],
+)
+def test_one_prompt_and_text_fields_at_their_defaults_are_asked_as_a_chat(
+    litellm: ModuleType, fields: dict[str, Any]
+) -> None:
+    SupportTable("anthropic", None).check(
+        litellm, "completions", fields, "anthropic/claude-sonnet-4-5"
+    )
 
 
 @pytest.mark.parametrize(

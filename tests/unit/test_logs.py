@@ -14,6 +14,8 @@ from typing import Any, Literal
 import pytest
 import urllib3
 import uvicorn.config
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import TracerProvider
 
 import gateway.logs
 from gateway.logs import MAX_FIELD_CHARS, get_logger, redact
@@ -303,8 +305,8 @@ def test_an_otlp_exporter_never_logs_what_the_collector_answered(
     """The OTLP/HTTP exporter logged the collector's reason phrase as it came (`Failed to
     export span batch code: 401, reason: <phrase>`): a collector or proxy that quotes the
     request wrote the exporter's own `OTEL_EXPORTER_OTLP_HEADERS` token into the
-    gateway's log. Its strings are written as their length; numbers, the batch kind and
-    a transport's exception are kept."""
+    gateway's log. Its strings are written as their length, an exception as its class
+    and OS error number; numbers and the batch kind are kept."""
     token = "x-honeycomb-team: SecOtlpUnit8e3b"
     exporter = logging.getLogger("opentelemetry.exporter.otlp.common.http")
     with rendered_logs(fmt, level="debug") as logs:
@@ -321,7 +323,52 @@ def test_an_otlp_exporter_never_logs_what_the_collector_answered(
     out = logs.getvalue()
     assert "SecOtlpUnit8e3b" not in out
     assert "span batch code: 401, reason: [withheld: 33 characters]" in out
-    assert "retrying in 0.50s" in out and "refused" in out
+    assert "retrying in 0.50s" in out and "refused" not in out
+    assert "reason: [withheld: ConnectionRefusedError, errno 111]" in out  # OSError(111, …)
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_an_otlp_exporter_never_logs_the_status_line_a_collector_garbled(
+    fmt: Literal["json", "console"],
+) -> None:
+    """A collector that answers a garbled status line: `requests` raises
+    `ConnectionError(('Connection aborted.', BadStatusLine('<its bytes>')))`, which the
+    exporter logs (`Transient error %s`, `Failed to export ... reason: %s`) and the
+    gateway wrote as it said, the collector's bytes and all. The real exporter against a
+    loopback collector; its retry is ended by shutting it down once it has said so."""
+    canary = "CANARYo7c1-collector-words"
+    retrying = threading.Event()
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            retrying.set()
+
+    said = Said(logging.WARNING)
+    exporter_log = logging.getLogger("opentelemetry.exporter")
+    answers = [f"{canary} 200 OK\r\n\r\n".encode()] * 2  # the first try and its retry
+    with socket.create_server(("127.0.0.1", 0)) as server, rendered_logs(fmt) as logs:
+        server.settimeout(10)
+        port = server.getsockname()[1]
+        answering = threading.Thread(target=_answer, args=(server, answers), daemon=True)
+        answering.start()
+        exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=60)
+        span = TracerProvider().get_tracer("t").start_span("s")
+        span.end()
+        exporting = threading.Thread(target=exporter.export, args=([span],), daemon=True)
+        exporter_log.addHandler(said)
+        try:
+            exporting.start()
+            assert retrying.wait(30), "the exporter never said it failed"
+        finally:
+            # Ends the exporter's wait before its next try (the SDK's method is unannotated).
+            exporter.shutdown()  # type: ignore[no-untyped-call]
+            exporting.join(30)
+            answering.join(10)
+            exporter_log.removeHandler(said)
+    out = logs.getvalue()
+    assert not exporting.is_alive()
+    assert canary not in out and "BadStatusLine" not in out
+    assert "[withheld: ConnectionError]" in out
 
 
 def test_uvicorn_s_own_logging_config_cannot_route_its_lines_past_the_masking() -> None:

@@ -148,6 +148,31 @@ MEDIA: dict[str, tuple[dict[str, Any], int | None, int]] = {
         None,
         4,
     ),
+    # LiteLLM's (and Ollama's) images beside a message's content, each an image the
+    # backend decodes; `Images` too, as a server in Go reads it
+    "a message's images": (
+        {
+            "messages": [
+                {"role": "user", "content": "what is this", "images": ["AAAA", "BBBB"]},
+                {"role": "user", "content": "and this", "Images": ["CCCC"]},
+                {"role": "user", "images": "DDDD"},  # one, as the media check reads it
+            ]
+        },
+        None,
+        4,
+    ),
+    # Infinity's embeddings of media: each string of `input` an image (or audio) URL
+    "Infinity embeddings with modality image": (
+        {"modality": "image", "input": ["https://example.com/a.png", "data:image/png,AA"]},
+        None,
+        2,
+    ),
+    "Infinity embedding of one audio clip": (
+        {"modality": "audio", "input": "https://example.com/a.wav"},
+        None,
+        1,
+    ),
+    "Infinity text embeddings": ({"modality": "text", "input": ["a", "b"]}, None, 0),
 }
 
 

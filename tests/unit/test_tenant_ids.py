@@ -151,3 +151,32 @@ def test_a_null_identifier_stays_null() -> None:
     body = b'{"model":"m","user":null}'
     sent = orjson.loads(scoped_body(body, orjson.loads(body), "acme"))
     assert sent == {"model": "m", "user": None}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"m","metadata":{"app":"a","user_id":"u1"}}',
+        b'{"model":"m","metadata":{"app":"a","user_id":"first","user_id":"u1"}}',
+        # a router in Go reads names in any case
+        b'{"model":"m","Metadata":{"app":"a","User_Id":"u1"}}',
+    ],
+)
+def test_a_metadata_user_id_is_the_tenants_own(body: bytes) -> None:
+    # A LiteLLM proxy reads `metadata.user_id` as the end user when there is no `user`
+    # (its spend, budgets and rate limits): another tenant's end user, before.
+    sent = orjson.loads(scoped_body(body, orjson.loads(body), "acme"))
+    ((holder, metadata),) = [(k, v) for k, v in sent.items() if k != "model"]
+    assert holder.casefold() == "metadata"
+    assert metadata.pop("app") == "a"
+    ((name, value),) = metadata.items()
+    assert (name.casefold(), value) == ("user_id", scoped_identifier("acme", "u1"))
+
+
+def test_metadata_without_a_user_id_is_sent_as_it_came() -> None:
+    body = b'{"model": "m", "metadata": {"app": "a", "user": null}, "x": {"user_id": 1}}'
+    assert scoped_body(body, orjson.loads(body), "acme") is body
+    body = b'{"model":"m","metadata":{"user_id":null}}'
+    assert orjson.loads(scoped_body(body, orjson.loads(body), "acme"))["metadata"] == {
+        "user_id": None
+    }

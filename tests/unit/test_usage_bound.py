@@ -371,3 +371,22 @@ def test_each_media_item_of_a_llamacpp_prompt_object_is_counted() -> None:
     assert tokens_bound(ask, 100, 0) == 100 + PROMPT_ALLOWANCE + 2 * MEDIA_ALLOWANCE + 1
     batch = {"max_tokens": 1, "prompt": [one, "text", one]}
     assert tokens_bound(batch, 100, 0) == 100 + PROMPT_ALLOWANCE + 4 * MEDIA_ALLOWANCE + 3
+
+
+class _Walked(list):  # type: ignore[type-arg]
+    """A batch that counts the entries a walk of it reached."""
+
+    reached = 0
+
+    def __iter__(self) -> Any:
+        for entry in super().__iter__():
+            self.reached += 1
+            yield entry
+
+
+def test_the_media_count_stops_walking_a_batch_at_its_bound() -> None:
+    # 8 MiB of SGLang input objects is 300,000 of them: the count looks at the first
+    # `_MEDIA_COUNTED` items and no further (before, every entry was visited first).
+    batch = _Walked([{"text": "a", "image": "b"}] * 50_000)
+    assert tokens_bound({"input": batch}, 100, 0) > 4096 * MEDIA_ALLOWANCE
+    assert batch.reached <= 4097

@@ -5,11 +5,13 @@ each tenant limit (each admits its part), and no worker opens the admin API a si
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from gateway.cli.status import format_table
 from gateway.workers import start_warnings
 from tests.helpers.gateways import ADMIN, backend, gateway_config
+from tests.helpers.paths import REPO_ROOT
 
 PER_WORKER = "tenant limits are split over the workers with state: memory"
 NO_ADMIN = "admin.listen is not opened under serve --workers"
@@ -62,3 +64,16 @@ def test_status_names_the_worker_that_answered() -> None:
     assert "answered by worker 2 of `serve --workers`" in format_table(report)
     report["readiness"]["worker"] = None  # one process: nothing to say
     assert "worker" not in format_table(report)
+
+
+def test_the_new_log_origin_variable_is_defined_once() -> None:
+    """The supervisor drops `serve --new-log-origin`'s variable from a restarted worker's
+    environment; gateway/workers.py spelled it again, apart from the one the recorder
+    reads (gateway/api/recorder_log.py): a rename of one would leave the other behind."""
+    defined = []
+    for path in sorted((REPO_ROOT / "gateway").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            if isinstance(value, ast.Constant) and value.value == "OWNGATE_NEW_LOG_ORIGIN":
+                defined.append(path.relative_to(REPO_ROOT).as_posix())
+    assert defined == ["gateway/api/recorder_log.py"]

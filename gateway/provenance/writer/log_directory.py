@@ -43,10 +43,27 @@ class LogDirectory:
 
     @classmethod
     def lock(cls, path: Path) -> LogDirectory:
-        """Create `path` if needed and take its lock; refused while another writer holds it."""
+        """Create `path` if needed and take its lock; refused while another writer holds it,
+        or once `path` no longer names the directory whose lock file was locked."""
         try:
             make_directories(path, stop=Path(path.anchor))
-            lock_fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            directory_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise unavailable("open", exc) from exc
+        try:
+            return cls._lock_in(path, directory_fd)
+        finally:
+            os.close(directory_fd)
+
+    @classmethod
+    def _lock_in(cls, path: Path, directory_fd: int) -> LogDirectory:
+        """The lock file opened in the directory `directory_fd` holds, and that directory's
+        identity: the one whose lock is held. Stat'ing `path` after the lock, as before,
+        recorded another directory's identity if `path` had been replaced meanwhile (the
+        old one renamed away), and `check_same` never noticed that the lock was on the
+        old one's lock file."""
+        try:
+            lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=directory_fd)
         except OSError as exc:
             raise unavailable("open", exc) from exc
         try:
@@ -55,11 +72,12 @@ class LogDirectory:
             os.close(lock_fd)
             raise LogUnavailableError(f"{path} is already open by another writer") from exc
         try:
-            identity = _identity(os.stat(path))
+            identity = _identity(os.fstat(directory_fd))
+            # Removed or replaced right after the lock was taken (or its search permission
+            # taken away): a clear error, and the lock let go, before anything is read.
+            if _identity(os.stat(path)) != identity:
+                raise OSError(errno.ENOENT, "the directory was replaced", str(path))
         except OSError as exc:
-            # Removed right after the lock was taken (or its search permission taken away):
-            # a clear error, and the lock let go. Before, a raw OSError escaped the open,
-            # and the lock's descriptor, never closed, kept the flock until the process ended.
             os.close(lock_fd)
             raise unavailable("open", exc) from exc
         return cls(path, lock_fd, identity)
