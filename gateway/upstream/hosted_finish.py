@@ -11,13 +11,14 @@ The provider's own bytes are read by the gateway's bounded read
 `Outbound`); `unfinished` reads the finish reason there, in the wire formats it knows:
 
 - OpenAI's (OpenAI, Azure, Mistral, every OpenAI-compatible server): each of `choices`
-  has a `finish_reason` (or the legacy `finish_details` LiteLLM also reads), not null;
+  has a `finish_reason` (or the legacy `finish_details` LiteLLM also reads) that ends it
+  (finish_reasons.py `OPENAI_FINISHED`: not null, nor `error`, `abort`, `network_error`
+  or another LiteLLM relays as `"stop"`), Mistral's `model_length` relabeled `length`;
 - Anthropic's Messages (`"type": "message"`): a `stop_reason` that ends the turn, not
   null, nor `pause_turn` or another LiteLLM would relay as `"stop"` (anthropic_stops.py,
   whose `relabel` also gives `model_context_window_exceeded` its `length`).
-
 - Gemini's and Vertex AI's (`candidates`): each a `finishReason` that ends the answer
-  (`_GEMINI_FINISHED`: not null, nor `MALFORMED_FUNCTION_CALL` and the others LiteLLM
+  (`GEMINI_FINISHED`: not null, nor `MALFORMED_FUNCTION_CALL` and the others LiteLLM
   relays as `"stop"`);
 - Bedrock Converse's (`output`, `stopReason`): a `stopReason` that ends it.
 
@@ -39,56 +40,21 @@ the provider's failure as well (`Unfinished`, 502 as the last attempt).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from gateway.upstream.anthropic_stops import relabeled, unfinished_stop
+from gateway.upstream.finish_reasons import (
+    CONVERSE_FINISHED,
+    GEMINI_FINISHED,
+    NO_REASON,
+    OPENAI_FINISHED,
+    not_finished,
+)
 from gateway.upstream.hosted_errors import HostedError
 
 __all__ = ["Unfinished", "relabel", "short_of", "unfinished"]
-
-_NO_REASON: Final = "ended without a finish reason (unfinished)"
-_NOT_ENDED: Final = "ended for a reason that does not finish it (unfinished)"
-# Gemini's and Vertex AI's `finishReason`s that end an answer, as LiteLLM 1.108.7 relays
-# them (`map_finish_reason`: `stop`, `length`, `content_filter`). Not among them, and so
-# unfinished: a null one or none (LiteLLM's `"stop"`), `FINISH_REASON_UNSPECIFIED`,
-# `MALFORMED_FUNCTION_CALL`, `UNEXPECTED_TOOL_CALL`, `TOO_MANY_TOOL_CALLS`,
-# `MALFORMED_RESPONSE`, `MISSING_THOUGHT_SIGNATURE` (each relayed as `"stop"`, a
-# complete answer, though the model's output was cut or malformed) and any reason unknown.
-_GEMINI_FINISHED: Final = frozenset(
-    {
-        "STOP",
-        "MAX_TOKENS",
-        "CONTINUATION",
-        "SAFETY",
-        "RECITATION",
-        "LANGUAGE",
-        "OTHER",
-        "BLOCKLIST",
-        "PROHIBITED_CONTENT",
-        "SPII",
-        "IMAGE_SAFETY",
-        "IMAGE_PROHIBITED_CONTENT",
-        "IMAGE_RECITATION",
-        "IMAGE_OTHER",
-        "NO_IMAGE",
-        "ESCALATION",
-    }
-)
-# Bedrock Converse's `stopReason`s that end an answer; `model_context_window_exceeded`
-# (LiteLLM's `"stop"`) is relayed as `length` (anthropic_stops.py `relabeled`).
-_CONVERSE_FINISHED: Final = frozenset(
-    {
-        "end_turn",
-        "tool_use",
-        "max_tokens",
-        "stop_sequence",
-        "guardrail_intervened",
-        "content_filtered",
-        "model_context_window_exceeded",
-    }
-)
 
 
 class Unfinished(HostedError):
@@ -98,7 +64,7 @@ class Unfinished(HostedError):
     when it was the last attempt (gateway/api/hosted_failures.py). `why` is the gateway's
     words and counts only, never the answer's content."""
 
-    def __init__(self, provider: str, why: str = _NO_REASON) -> None:
+    def __init__(self, provider: str, why: str = NO_REASON) -> None:
         super().__init__(
             "protocol", f"{provider}'s answer {why}", public=f"the provider's answer {why}"
         )
@@ -106,7 +72,7 @@ class Unfinished(HostedError):
 
 def unfinished(answer: bytes | None) -> str | None:
     """Why `answer` (a provider's whole 2xx body) is, in a format named above, one whose
-    provider did not finish it: a choice of OpenAI's wire without a finish reason, or an
+    provider did not finish it: a choice of OpenAI's wire without a reason that ends it, an
     Anthropic answer whose `stop_reason` ends no turn (gateway/upstream/anthropic_stops.py);
     None when it finished or is not judged."""
     if not answer:
@@ -118,41 +84,66 @@ def unfinished(answer: bytes | None) -> str | None:
     if not isinstance(doc, dict):
         return None
     choices = doc.get("choices")
-    if isinstance(choices, list) and choices:
-        if any(
-            not isinstance(c, dict) or (c.get("finish_reason") or c.get("finish_details")) is None
-            for c in choices
-        ):
-            return _NO_REASON
-        return None
+    if isinstance(choices, list) and choices:  # OpenAI's wire (finish_reasons.py)
+        return not_finished([_openai_reason(c) for c in choices], OPENAI_FINISHED)
     if doc.get("type") == "message" and "content" in doc:
         return unfinished_stop(doc.get("stop_reason"))
     candidates = doc.get("candidates")
     if isinstance(candidates, list) and candidates:  # Gemini's, Vertex AI's
         reasons = [c.get("finishReason") if isinstance(c, dict) else None for c in candidates]
-        return _not_finished(reasons, _GEMINI_FINISHED)
+        return not_finished(reasons, GEMINI_FINISHED)
     if isinstance(doc.get("output"), dict) and "stopReason" in doc:  # Bedrock's Converse
-        return _not_finished([doc["stopReason"]], _CONVERSE_FINISHED)
+        return not_finished([doc["stopReason"]], CONVERSE_FINISHED)
     return None
 
 
-def _not_finished(reasons: list[object], finished: frozenset[str]) -> str | None:
-    """Why an answer whose candidates ended for `reasons` is unfinished, if one of them is
-    null or not among those `finished`."""
-    if any(reason is None for reason in reasons):
-        return _NO_REASON
-    if not all(isinstance(reason, str) and reason in finished for reason in reasons):
-        return _NOT_ENDED
-    return None
+def _openai_reason(choice: object) -> object:
+    """A choice's finish reason on OpenAI's wire: `finish_reason`, else the legacy
+    `finish_details` LiteLLM also reads (a string, or an object naming it as `type`)."""
+    if not isinstance(choice, dict):
+        return None
+    reason = choice.get("finish_reason")
+    if reason is None:
+        reason = choice.get("finish_details")
+        if isinstance(reason, dict):
+            reason = reason.get("type")
+    return reason
 
 
 def relabel(result: Any, answer: bytes | None) -> None:
-    """Give `result` (LiteLLM's whole chat answer) the finish reason its provider's raw
-    `answer` says where LiteLLM's says otherwise (anthropic_stops.py `relabeled`)."""
-    reason = relabeled(answer)
+    """Give `result` (LiteLLM's whole answer) the finish reasons its provider's raw
+    `answer` says where LiteLLM's say otherwise: Anthropic's and Converse's
+    (anthropic_stops.py `relabeled`), and each choice's on OpenAI's wire (Mistral's
+    `model_length`, LiteLLM's `"stop"`, is `length`). LiteLLM keeps a provider's choices
+    in their order."""
     choices = getattr(result, "choices", None)
-    if reason is not None and isinstance(choices, list) and len(choices) == 1:
+    if not isinstance(choices, list):
+        return
+    reason = relabeled(answer)
+    if reason is not None and len(choices) == 1:
         choices[0].finish_reason = reason
+    for place, relayed in _openai_relabeled(answer):
+        if place < len(choices):
+            choices[place].finish_reason = relayed
+
+
+def _openai_relabeled(answer: bytes | None) -> list[tuple[int, str]]:
+    """The place and relayed reason of each choice of an OpenAI-wire `answer` whose
+    reason is relayed by another name (`OPENAI_FINISHED`), which LiteLLM may not give."""
+    renamed = [r for r, relayed in OPENAI_FINISHED.items() if r != relayed]
+    if not answer or not any(f'"{r}"'.encode() in answer for r in renamed):
+        return []  # most answers: no second parse
+    try:
+        doc: Any = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return []
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if not isinstance(choices, list):
+        return []
+    reasons = [(place, _openai_reason(c)) for place, c in enumerate(choices)]
+    return [
+        (place, OPENAI_FINISHED[r]) for place, r in reasons if isinstance(r, str) and r in renamed
+    ]
 
 
 def short_of(

@@ -101,6 +101,11 @@ A chat or text completion LiteLLM serves through a Responses API (its bridge) as
 provider to store nothing: `"store": false`, which that API does not default to
 (gateway/upstream/responses_bridge.py).
 
+A stream's chunk gets the finish reason its provider gave, on OpenAI's wire, Gemini's and
+Bedrock Converse's, none where that ends nothing (`abort`, `MALFORMED_FUNCTION_CALL`, a
+reason unknown or missing), where LiteLLM gave `"stop"`, and none from `data: [DONE]`
+(`install_stream_stops`, gateway/upstream/stream_stops.py).
+
 Where a hosted backend has no `base_url`, LiteLLM reads the provider's URL from the
 environment: `check_base_url_environment` (gateway/upstream/provider_environment.py,
 re-exported here) refuses a backend such a variable would redirect.
@@ -135,6 +140,7 @@ from gateway.upstream.hosted_transport import (
 )
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
+from gateway.upstream.stream_stops import install_stream_stops
 from gateway.upstream.text_client import install_text_client_default
 
 __all__ = [
@@ -248,6 +254,7 @@ def load_litellm() -> ModuleType:
     install_botocore_rules()  # an AWS credential fetch: no env proxy or CA, bounded
     install_verified_clients()  # an adapter's `ssl_verify=False` (GigaChat's) verifies all the same
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
+    install_stream_stops()  # a stream's finish reason: the provider's, none for a failure
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     install_text_client_default()  # a bridged text completion: the gateway's client, closed
     install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking

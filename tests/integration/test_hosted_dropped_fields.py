@@ -140,6 +140,28 @@ def test_a_text_completion_field_the_provider_would_lose_is_refused_unsent(stack
     assert stack.anthropic.received == []
 
 
+def test_several_prompts_of_a_text_completion_asked_as_a_chat_are_refused_unsent(
+    stack: Stack,
+) -> None:
+    # LiteLLM asks Anthropic's chat adapter for a text completion, the prompts as one
+    # chat's messages: one answer for both, a 502 once the prompts had been sent.
+    stack.anthropic.reset()
+    refused = httpx.post(
+        f"{stack.url}/v1/completions",
+        json={"model": "m", "prompt": ["first", "second"], "max_tokens": 8},
+        headers={"authorization": f"Bearer {TENANT_KEY}"},
+        timeout=120,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", "prompt")
+    assert "not sent" in error["message"]
+    assert "first" not in refused.text
+    assert stack.anthropic.received == []
+    request_id = refused.headers["x-request-id"]
+    assert {r["type"] for r in request_records(stack.log, request_id)} == {"refusal"}
+
+
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 

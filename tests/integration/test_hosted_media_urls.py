@@ -276,7 +276,11 @@ def test_a_text_prompt_still_reaches_the_provider(
 
     if isinstance(prompt, str):
         assert b"text_completion" in asyncio.run(send())
-    else:  # LiteLLM asks one chat of both prompts: one choice for two is not relayed
-        with pytest.raises(HostedError, match="held 1 choice"):
-            asyncio.run(send())
-    assert hits and all(hit == "POST /chat/completions" for hit in hits)
+        assert hits and all(hit == "POST /chat/completions" for hit in hits)
+        return
+    # LiteLLM would ask one chat of both prompts, one answer for two: refused unsent
+    # (before: sent, then 502 for the one choice it held).
+    with pytest.raises(HostedError, match="must be a single prompt") as refused:
+        asyncio.run(send())
+    assert refused.value.status == 400
+    assert hits == []

@@ -36,8 +36,13 @@ pytestmark = LITELLM_WARNINGS
         (openai_answer({}), False),  # no finish_reason at all
         (openai_answer({"finish_reason": "stop"}, {"finish_reason": None}), False),  # n: 2
         (anthropic_answer(None), True),
+        # Each LiteLLM's "stop" (`map_finish_reason`), each a failure or unknown:
+        (openai_answer({"finish_reason": "error"}), False),
+        (openai_answer({"finish_reason": "abort"}), False),
+        (openai_answer({"finish_reason": "network_error"}), False),
+        (openai_answer({"finish_reason": "a_reason_from_next_year"}), False),
     ],
-    ids=["null", "missing", "one-of-two", "anthropic-null"],
+    ids=["null", "missing", "one-of-two", "anthropic-null", "error", "abort", "network", "new"],
 )
 def test_an_answer_without_the_providers_finish_reason_is_not_relayed_as_finished(
     start_raw: Callable[[Answer], RawBackend],
@@ -62,8 +67,9 @@ def test_an_answer_without_the_providers_finish_reason_is_not_relayed_as_finishe
         (openai_answer({"finish_reason": "tool_calls"}), False, "tool_calls"),
         (openai_answer({"finish_reason": "content_filter"}), False, "content_filter"),
         (anthropic_answer("max_tokens"), True, "length"),
+        (openai_answer({"finish_reason": "model_length"}), False, "length"),  # before: "stop"
     ],
-    ids=["stop", "length", "tool-calls", "content-filter", "anthropic-max-tokens"],
+    ids=["stop", "length", "tool-calls", "content-filter", "anthropic-max-tokens", "mistral"],
 )
 def test_an_answer_with_the_providers_finish_reason_is_served(
     start_raw: Callable[[Answer], RawBackend],

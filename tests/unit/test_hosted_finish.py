@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.upstream.anthropic_stops import relabeled
-from gateway.upstream.hosted_finish import short_of, unfinished
+from gateway.upstream.hosted_finish import relabel, short_of, unfinished
 
 
 def body(doc: Any) -> bytes:
@@ -40,6 +40,17 @@ def choices(*reasons: Any) -> bytes:
         (choices({"finish_reason": "stop"}), False),
         (choices({"finish_reason": "length"}, {"finish_reason": "tool_calls"}), False),
         (choices({"finish_details": {"type": "stop"}}), False),  # legacy, as LiteLLM reads
+        (choices({"finish_reason": "content_filter"}), False),
+        (choices({"finish_reason": "model_length"}), False),  # Mistral's: relayed as length
+        (choices({"finish_reason": "eos"}), False),  # Together AI's
+        # LiteLLM's "stop" (its `map_finish_reason`), each a failure or unknown:
+        (choices({"finish_reason": "error"}), True),  # OpenRouter's: failed mid-answer
+        (choices({"finish_reason": "abort"}), True),  # vLLM's: the request was aborted
+        (choices({"finish_reason": "network_error"}), True),  # Zhipu's
+        (choices({"finish_reason": "insufficient_system_resource"}), True),  # DeepSeek's
+        (choices({"finish_reason": "a_reason_from_next_year"}), True),
+        (choices({"finish_reason": "stop"}, {"finish_reason": "abort"}), True),
+        (choices({"finish_details": {"type": "abort"}}), True),
         (choices({"finish_reason": None}), True),
         (choices({}), True),
         (choices({"finish_reason": "stop"}, {"finish_reason": None}), True),
@@ -113,6 +124,38 @@ def test_a_paused_turn_is_named_and_no_other_reason_of_the_provider_is() -> None
 )
 def test_relabeled(answer: bytes | None, reason: str | None) -> None:
     assert relabeled(answer) == reason
+
+
+class _Choice:
+    def __init__(self, finish_reason: str) -> None:
+        self.finish_reason = finish_reason
+
+
+class _Answer:
+    def __init__(self, *reasons: str) -> None:
+        self.choices = [_Choice(r) for r in reasons]
+
+
+@pytest.mark.parametrize(
+    ("raw", "litellm", "relayed"),
+    [
+        # Mistral's `model_length`: the context window ended the answer (LiteLLM: "stop").
+        ([{"finish_reason": "model_length"}], ["stop"], ["length"]),
+        (
+            [{"finish_reason": "stop"}, {"finish_reason": "model_length"}],
+            ["stop", "stop"],
+            ["stop", "length"],
+        ),
+        ([{"finish_reason": "stop"}], ["stop"], ["stop"]),
+        ([{"finish_reason": "tool_calls"}], ["tool_calls"], ["tool_calls"]),
+    ],
+)
+def test_relabel_gives_each_choice_its_providers_reason(
+    raw: list[dict[str, Any]], litellm: list[str], relayed: list[str]
+) -> None:
+    result = _Answer(*litellm)
+    relabel(result, choices(*raw))
+    assert [c.finish_reason for c in result.choices] == relayed
 
 
 @pytest.mark.parametrize(

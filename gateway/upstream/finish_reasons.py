@@ -1,0 +1,117 @@
+"""The finish reasons a hosted provider gives in OpenAI's wire format, Gemini's and Bedrock
+Converse's, and what the gateway relays for each: an answer is relayed as finished only
+for a reason that ends it (Anthropic's: gateway/upstream/anthropic_stops.py).
+
+LiteLLM 1.108.7 maps a provider's reason with `map_finish_reason`, which gives `"stop"`
+(a complete answer) for every reason it does not know and for some it knows to be
+failures: `error` (OpenRouter and other OpenAI-compatible servers: the model failed
+mid-answer), `network_error` (Zhipu), `abort` (vLLM, SGLang: the request was aborted,
+unknown to it), DeepSeek's `insufficient_system_resource`, Gemini's
+`MALFORMED_FUNCTION_CALL`; and Mistral's `model_length` (the context window ended the
+answer, a `length`) as `"stop"` too. The client, and the completion record, were told the
+answer was complete.
+
+What is relayed (docs/api.md):
+- OpenAI's wire (`OPENAI_FINISHED`): OpenAI's own reasons as they are, and those of the
+  OpenAI-compatible servers that end an answer as what they mean (`model_length` as
+  `length`, `eos`/`eos_token`/`stop_sequence` as `stop`, Zhipu's `sensitive` as
+  `content_filter`); any other reason, or none, ends nothing (`openai_relayed` None);
+- Gemini's and Vertex AI's `finishReason` (`GEMINI_FINISHED`), as LiteLLM maps them;
+- Bedrock Converse's `stopReason` (`CONVERSE_FINISHED`), as LiteLLM maps them but
+  `model_context_window_exceeded`, relayed as `length` (`CONVERSE_RELABELED`).
+
+An answer that did not end is the provider's failure: a whole one 502 `upstream_error`
+(gateway/upstream/hosted_finish.py), a stream one closed before it finished, with the
+gateway's error event and no `[DONE]` (gateway/upstream/stream_stops.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+__all__ = [
+    "CONVERSE_FINISHED",
+    "CONVERSE_RELABELED",
+    "GEMINI_FINISHED",
+    "NOT_ENDED",
+    "NO_REASON",
+    "OPENAI_FINISHED",
+    "not_finished",
+    "openai_relayed",
+]
+
+NO_REASON: Final = "ended without a finish reason (unfinished)"
+NOT_ENDED: Final = "ended for a reason that does not finish it (unfinished)"
+
+# OpenAI's wire: the reasons that end an answer, and the OpenAI reason each is relayed as.
+OPENAI_FINISHED: Final[Mapping[str, str]] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "function_call",
+    "content_filter": "content_filter",
+    "model_length": "length",  # Mistral: the model's context window (LiteLLM: "stop")
+    "eos": "stop",  # Together AI
+    "eos_token": "stop",  # Hugging Face TGI
+    "stop_sequence": "stop",  # Hugging Face TGI
+    "sensitive": "content_filter",  # Zhipu GLM
+}
+# Gemini's and Vertex AI's `finishReason`s that end an answer, as LiteLLM 1.108.7 relays
+# them (`map_finish_reason`: `stop`, `length`, `content_filter`). Not among them, and so
+# unfinished: a null one or none (LiteLLM's `"stop"`), `FINISH_REASON_UNSPECIFIED`,
+# `MALFORMED_FUNCTION_CALL`, `UNEXPECTED_TOOL_CALL`, `TOO_MANY_TOOL_CALLS`,
+# `MALFORMED_RESPONSE`, `MISSING_THOUGHT_SIGNATURE` (each relayed as `"stop"`, a
+# complete answer, though the model's output was cut or malformed) and any reason unknown.
+GEMINI_FINISHED: Final = frozenset(
+    {
+        "STOP",
+        "MAX_TOKENS",
+        "CONTINUATION",
+        "SAFETY",
+        "RECITATION",
+        "LANGUAGE",
+        "OTHER",
+        "BLOCKLIST",
+        "PROHIBITED_CONTENT",
+        "SPII",
+        "IMAGE_SAFETY",
+        "IMAGE_PROHIBITED_CONTENT",
+        "IMAGE_RECITATION",
+        "IMAGE_OTHER",
+        "NO_IMAGE",
+        "ESCALATION",
+    }
+)
+# Bedrock Converse's `stopReason`s that end an answer.
+CONVERSE_FINISHED: Final = frozenset(
+    {
+        "end_turn",
+        "tool_use",
+        "max_tokens",
+        "stop_sequence",
+        "guardrail_intervened",
+        "content_filtered",
+        "model_context_window_exceeded",
+    }
+)
+# Those LiteLLM 1.108.7 maps otherwise (to `stop`), and what they are relayed as.
+CONVERSE_RELABELED: Final[Mapping[str, str]] = {"model_context_window_exceeded": "length"}
+
+
+def openai_relayed(reason: object) -> str | None:
+    """The finish reason relayed for `reason`, a choice's on OpenAI's wire; None when it
+    ends nothing (a failure, one unknown) or is missing."""
+    return OPENAI_FINISHED.get(reason) if isinstance(reason, str) else None
+
+
+def not_finished(
+    reasons: list[object], finished: Mapping[str, object] | frozenset[str]
+) -> str | None:
+    """Why an answer whose choices (candidates) ended for `reasons` is unfinished, if one
+    of them is null or not among those `finished`; None when each ended it."""
+    if any(reason is None for reason in reasons):
+        return NO_REASON
+    if not all(isinstance(reason, str) and reason in finished for reason in reasons):
+        return NOT_ENDED
+    return None
