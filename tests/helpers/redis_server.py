@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from gateway.state.redis_state import RedisState
+from gateway.state.revocation_keeper import KeptRevocations
 from tests.helpers.net import free_port
 
 __all__ = ["LEASE_TTL_S", "SYNC_S", "RedisServer", "replica", "replicas"]
@@ -65,11 +66,16 @@ class RedisServer:
 
 
 def replica(
-    server: RedisServer, name: str, lease_ttl_s: float = LEASE_TTL_S, timeout_s: float = 5.0
+    server: RedisServer,
+    name: str,
+    lease_ttl_s: float = LEASE_TTL_S,
+    timeout_s: float = 5.0,
+    kept: KeptRevocations | None = None,
 ) -> RedisState:
-    """A replica's shared state on `server` (key prefix `test`). Generous timeouts, so a
-    loaded test machine does not fall back where a test checks the shared path; the
-    outage test sets the production-like one."""
+    """A replica's shared state on `server` (key prefix `test`), keeping its revocations in
+    `kept` (this host's list) when given. Generous timeouts, so a loaded test machine does
+    not fall back where a test checks the shared path; the outage test sets the
+    production-like one."""
     return RedisState(
         server.url,
         replica_id=name,
@@ -77,6 +83,7 @@ def replica(
         timeout_s=timeout_s,
         sync_interval_s=SYNC_S,
         lease_ttl_s=lease_ttl_s,
+        kept=kept,
     )
 
 

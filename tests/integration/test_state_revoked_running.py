@@ -28,7 +28,6 @@ from gateway.app import create_app
 from gateway.cli.main import main
 from gateway.config import load_config
 from gateway.serving import ServerThread
-from gateway.state.redis_state import RedisState
 from gateway.state.revocation_keeper import KeptRevocations
 from gateway.state.revocation_list import read_revocations, render_revocations
 from gateway.tenants import hash_api_key
@@ -155,14 +154,8 @@ def test_a_revocation_learned_from_redis_is_enforced_once_listed(
     digest = hash_api_key(DOOMED)
 
     async def scenario() -> None:
-        here = RedisState(
-            redis_server.url,
-            replica_id="here",
-            key_prefix="test",
-            timeout_s=5.0,
-            sync_interval_s=0.05,
-            lease_ttl_s=5.0,
-            kept=KeptRevocations(path, lock_wait_s=60.0),
+        here = replica(
+            redis_server, "here", lease_ttl_s=5.0, kept=KeptRevocations(path, lock_wait_s=60.0)
         )
         other = replica(redis_server, "other")
         await here.start()
@@ -200,14 +193,8 @@ def test_a_revocation_learned_from_redis_is_enforced_whatever_sits_at_the_lock(
     digest = hash_api_key(DOOMED)
 
     async def scenario() -> None:
-        here = RedisState(
-            redis_server.url,
-            replica_id="here",
-            key_prefix="test",
-            timeout_s=5.0,
-            sync_interval_s=0.05,
-            lease_ttl_s=5.0,
-            kept=KeptRevocations(tmp_path / "revoked-keys"),
+        here = replica(
+            redis_server, "here", lease_ttl_s=5.0, kept=KeptRevocations(tmp_path / "revoked-keys")
         )
         other = replica(redis_server, "other")
         await here.start()
@@ -238,14 +225,8 @@ def test_a_revocation_learned_in_a_sync_that_then_fails_is_still_enforced(
     digest, mine = hash_api_key(DOOMED), hash_api_key(KEPT)
 
     async def scenario() -> None:
-        here = RedisState(
-            redis_server.url,
-            replica_id="here",
-            key_prefix="test",
-            timeout_s=5.0,
-            sync_interval_s=0.05,
-            lease_ttl_s=5.0,
-            kept=KeptRevocations(tmp_path / "revoked-keys"),
+        here = replica(
+            redis_server, "here", lease_ttl_s=5.0, kept=KeptRevocations(tmp_path / "revoked-keys")
         )
         other = replica(redis_server, "other")
         await here.start()
