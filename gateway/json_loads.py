@@ -9,8 +9,9 @@ takes 0.15 s, and 16 MiB of them in a backend's answer 5 times as long as the pa
 orjson builds from JSON holds no reference cycle, so its refcounts free it: `loads`
 parses a document of many arrays and objects with the collector off (it runs once, on
 what is due, when it is on again). Request bodies (`gateway/api/body.py`, and the copies
-`gateway/upstream/tenant_ids.py` re-encodes) and backends' answers read for their usage
-(`gateway/api/usage_read.py`) are parsed with it.
+`gateway/upstream/tenant_ids.py` re-encodes) backends' answers read for their usage
+(`gateway/api/usage_read.py`) and hosted providers' whole answers read for how they ended
+(`json_object`: gateway/upstream/hosted_finish.py, anthropic_stops.py) are parsed with it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["COLLECT_UNDER", "at_most", "loads", "no_collection"]
+__all__ = ["COLLECT_UNDER", "at_most", "json_object", "loads", "no_collection"]
 
 # Arrays and objects past which a document is parsed with the collector off (a usual
 # document holds far fewer: a collection runs every 700 or so new ones).
@@ -63,3 +64,16 @@ def loads(data: bytes, opened: int | None = None) -> Any:
         return orjson.loads(data)
     finally:
         gc.enable()
+
+
+def json_object(data: bytes | None) -> dict[str, Any] | None:
+    """`data` parsed (`loads`: the collector off for a document of many arrays) when it is
+    a JSON object; None when it is empty, not JSON, or another JSON value. How a provider's
+    whole answer (up to `limits.max_response_bytes`) is read for what it says of itself."""
+    if not data:
+        return None
+    try:
+        doc = loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None

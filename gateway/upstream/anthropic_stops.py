@@ -32,8 +32,7 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import orjson
-
+from gateway.json_loads import json_object
 from gateway.upstream.hosted_stream import StreamBoundNotFound
 
 __all__ = ["FINISH_REASONS", "install_stop_reasons", "relabeled", "unfinished_stop"]
@@ -74,11 +73,8 @@ def relabeled(answer: bytes | None) -> str | None:
     else None."""
     if not answer or not any(reason.encode() in answer for reason in _RELABELED):
         return None  # most answers: no second parse
-    try:
-        doc: Any = orjson.loads(answer)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(doc, dict):
+    doc = json_object(answer)
+    if doc is None:
         return None
     if doc.get("type") == "message":
         reason = doc.get("stop_reason")

@@ -42,8 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
+from gateway.json_loads import json_object
 from gateway.upstream.anthropic_stops import relabeled, unfinished_stop
 from gateway.upstream.finish_reasons import (
     CONVERSE_FINISHED,
@@ -75,13 +74,8 @@ def unfinished(answer: bytes | None) -> str | None:
     provider did not finish it: a choice of OpenAI's wire without a reason that ends it, an
     Anthropic answer whose `stop_reason` ends no turn (gateway/upstream/anthropic_stops.py);
     None when it finished or is not judged."""
-    if not answer:
-        return None
-    try:
-        doc: Any = orjson.loads(answer)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(doc, dict):
+    doc = json_object(answer)
+    if doc is None:
         return None
     choices = doc.get("choices")
     if isinstance(choices, list) and choices:  # OpenAI's wire (finish_reasons.py)
@@ -133,11 +127,8 @@ def _openai_relabeled(answer: bytes | None) -> list[tuple[int, str]]:
     renamed = [r for r, relayed in OPENAI_FINISHED.items() if r != relayed]
     if not answer or not any(f'"{r}"'.encode() in answer for r in renamed):
         return []  # most answers: no second parse
-    try:
-        doc: Any = orjson.loads(answer)
-    except orjson.JSONDecodeError:
-        return []
-    choices = doc.get("choices") if isinstance(doc, dict) else None
+    doc = json_object(answer)
+    choices = doc.get("choices") if doc is not None else None
     if not isinstance(choices, list):
         return []
     reasons = [(place, _openai_reason(c)) for place, c in enumerate(choices)]
@@ -185,11 +176,8 @@ def _inputs(value: Any) -> int:
 def _indices(doc: bytes | None, key: str, *, required: bool) -> list[int] | None:
     """The `index` of each item of `doc`'s `key` list (`_index`); None when `doc` has no
     such list and need not have one (`required` false: the provider's own answer)."""
-    try:
-        parsed: Any = orjson.loads(doc) if doc else None
-    except orjson.JSONDecodeError:
-        parsed = None
-    items = parsed.get(key) if isinstance(parsed, dict) else None
+    parsed = json_object(doc)
+    items = parsed.get(key) if parsed is not None else None
     if not isinstance(items, list):
         return [] if required else None
     return [_index(item, place, required) for place, item in enumerate(items)]
