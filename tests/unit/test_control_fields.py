@@ -53,6 +53,84 @@ def _litellm_request_arguments() -> set[str]:
     return set(json.loads(done.stdout.splitlines()[-1]))
 
 
+# Names the installed Router reads from its keyword arguments
+# (tests/helpers/litellm_router_arguments.py) that the gateway lets through, each for the
+# reason in its group; any other name the Router reads must be refused.
+_ROUTER_NAMES_THAT_PASS = frozenset(
+    {
+        # OpenAI's request fields, of the calls a LiteLLM proxy serves: chat, completions,
+        # embeddings, Responses (`previous_response_id` pins the call to the deployment of
+        # the model group that served that response: that group's own), speech (`voice`),
+        # files and batches (`file`, `purpose`, `endpoint`), the ids of Responses,
+        # containers and videos calls, a Realtime client secret's `session` (the Router
+        # sets its `model` to the deployment it picked)
+        "model",
+        "messages",
+        "prompt",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "stream",
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "reasoning_effort",
+        "service_tier",
+        "metadata",
+        "previous_response_id",
+        "voice",
+        "file",
+        "purpose",
+        "endpoint",
+        "response_id",
+        "container_id",
+        "video_id",
+        "session",
+        # other APIs' request fields: Anthropic's Messages (`thinking`), and the agent of
+        # a Gemini Interactions call (read by `Router.ainteractions` only)
+        "thinking",
+        "agent",
+        # parameters of `text_completion`, `aembedding` and `aadapter_completion` that the
+        # Router takes and never reads
+        "is_async",
+        "is_fallback",
+        "is_retry",
+        # the logging payload of a finished call, which its callbacks and strategies read
+        # as `kwargs`: LiteLLM sets these there itself, not from the call's arguments
+        "exception",
+        "standard_logging_object",
+        "completion_start_time",
+        "response_status",
+        # a callable the Router calls for each attempt: a JSON value is none (the call
+        # fails); the guardrail of the proxy's guardrail endpoint (`aguardrail`), made
+        # the model there; the model groups of a batch call, which the proxy fills from
+        # a comma-separated `model` (a body's own `models` collides with it: TypeError)
+        "attempt_function",
+        "guardrail_name",
+        "models",
+    }
+)
+# ... and names the Router reads that move the call, not refused yet (each has an xfail
+# test below, which fails once the gateway refuses it: then drop the name here).
+_ROUTER_NAMES_NOT_YET_REFUSED = frozenset({"timeout"})
+
+
+def _router_arguments() -> dict[str, list[str]]:
+    """Each name the installed LiteLLM Router reads from a call's keyword arguments (the
+    body a LiteLLM proxy calls it with), with where it is read; in a child process, like
+    `_litellm_request_arguments`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.litellm_router_arguments"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    found: dict[str, list[str]] = json.loads(done.stdout.splitlines()[-1])
+    return found
+
+
 def _refused(name: str) -> bool:
     """Whether a body with `name` at the top level is refused as `invalid_request`."""
     body = orjson.dumps({"model": "m", name: 1})
@@ -68,6 +146,30 @@ def test_every_litellm_argument_but_openais_own_is_refused() -> None:
     assert len(names) > 300  # the lists were found (1.108.7: 408 names)
     passed = sorted(n for n in names - _OPENAI_FIELDS if not _refused(n))
     assert passed == [], f"LiteLLM reads these from a request; the gateway passes them: {passed}"
+
+
+def test_every_litellm_router_argument_is_refused_or_listed() -> None:
+    # A LiteLLM upgrade whose Router reads a new argument (`specific_deployment` picks a
+    # deployment across model groups) fails here until CONTROL_FIELDS or a list above has it.
+    found = _router_arguments()
+    assert {"specific_deployment", "passthrough_on_no_deployment", "fallbacks"} <= set(found)
+    assert len(found) > 60  # the Router was read (1.108.7: 91 names)
+    listed = _ROUTER_NAMES_THAT_PASS | _ROUTER_NAMES_NOT_YET_REFUSED
+    passed = {n: where for n, where in found.items() if n not in listed and not _refused(n)}
+    assert passed == {}, f"LiteLLM's Router reads these (where); the gateway passes them: {passed}"
+    # a listed name LiteLLM no longer reads is dropped from the lists
+    assert sorted(listed - set(found)) == []
+
+
+@pytest.mark.xfail(
+    reason="`timeout` passes: a LiteLLM proxy's Router reads it as each attempt's timeout, "
+    "and a tiny one times out every deployment into the fallbacks (LiteLLM's "
+    "litellm_pre_call_utils.py says so), as `request_timeout` and `stream_timeout` do, "
+    "which are refused"
+)
+@pytest.mark.parametrize("name", sorted(_ROUTER_NAMES_NOT_YET_REFUSED))
+def test_a_router_argument_not_yet_refused(name: str) -> None:
+    assert _refused(name)
 
 
 @pytest.mark.parametrize(
