@@ -33,9 +33,10 @@ proxy decodes a JSON string there as the object (for multipart and `extra_body`
 callers), so `"metadata": "{\"user_id\": ...}"` named the end user with a value the
 gateway never saw as one (its `user_id` is made the tenant's own only in an object).
 Every other
-argument LiteLLM reads from a request is: its `completion()` parameters and the names its
-proxy refuses in a request body, as tests/unit/test_control_fields.py reads them from the
-pinned LiteLLM (a name added by an upgrade fails that test until it is listed here).
+argument LiteLLM reads from a request is: its `completion()` parameters, the names its
+proxy refuses in a request body and the arguments its Router reads from a call's keywords
+(`timeout`, `specific_deployment`, ...), as tests/unit/test_control_fields.py reads them from
+the pinned LiteLLM (a name added by an upgrade fails that test until it is listed here).
 """
 
 from __future__ import annotations
@@ -190,6 +191,9 @@ CONTROL_FIELDS: Final = frozenset(
         "stream_chunk_size",
         "force_timeout",
         "request_timeout",
+        # each attempt's timeout on a LiteLLM proxy's Router: a tiny one times every
+        # deployment out, into the fallbacks (as `request_timeout` and `stream_timeout`)
+        "timeout",
         "client_side_timeout",
         "keepalive_seconds",
         "allow_client_keepalive_override",
