@@ -27,6 +27,12 @@ chunk from the provider's by the wrapper it reads (hosted_stream.py `made_up_end
 a text completion's stream on an OpenAI-style `/completions` route hides (LiteLLM wraps
 it in a generator), so such a stream that ended without a finish reason was relayed with
 LiteLLM's `"stop"` and `[DONE]`.
+
+LiteLLM remembers a Gemini chunk's finish reason only until the next chunk (its wrapper's
+`intermittent_finish_reason`, set from every chunk it reads), so a chunk of no choice
+after the finish (Gemini's usage only) made it forget the reason: a finished stream was
+broken off as unfinished. Such a chunk keeps the reason given before (`_sdk_chunk`); a
+stream that gave none still has none.
 """
 
 from __future__ import annotations
@@ -120,9 +126,16 @@ def honest_choices(choices: object) -> None:
 
 def _sdk_chunk(handle: Callable[..., Any]) -> Callable[..., Any]:
     def handled(wrapper: Any, chunk: Any) -> Any:
-        if not isinstance(chunk, dict):
-            honest_choices(getattr(chunk, "choices", None))
-        return handle(wrapper, chunk)
+        if isinstance(chunk, dict):
+            return handle(wrapper, chunk)
+        choices = getattr(chunk, "choices", None)
+        honest_choices(choices)
+        read = handle(wrapper, chunk)
+        if not choices and isinstance(read, dict) and read.get("finish_reason") is None:
+            # A chunk of no choice (usage only, after the finish) ends nothing and keeps
+            # the reason given before: the wrapper sets its remembered one from this.
+            read["finish_reason"] = wrapper.intermittent_finish_reason
+        return read
 
     return handled
 

@@ -176,3 +176,53 @@ def test_a_converse_stream_that_finished_ends_with_its_reason(
     assert failure is None, failure
     assert finish_of(events) == finish
     assert events[-1] == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(
+    ("reason", "finish"), [("STOP", "stop"), ("MAX_TOKENS", "length"), (None, None)]
+)
+def test_a_gemini_stream_with_usage_after_its_finish_keeps_the_finish(
+    start_raw: Callable[[Answer], RawBackend], reason: str | None, finish: str | None
+) -> None:
+    # The finish chunk, then a chunk of usage only (no candidates). Before: that chunk
+    # cleared LiteLLM's remembered finish reason, so a finished stream was broken off.
+    usage = {"promptTokenCount": 1, "candidatesTokenCount": 2, "totalTokenCount": 3}
+    script = [*gemini_events(reason), {"usageMetadata": usage}]
+    events, failure = relayed(start_raw, sse_stream(script, done=False), *GEMINI)
+    if finish is None:  # no finish reason at all: still broken off, none made up
+        assert broken_off(events, failure), (events, failure)
+        return
+    assert failure is None, (events, failure)
+    assert finish_of(events) == finish
+    assert events[-1] == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize(("provider", "model"), OPENAI_ROUTES)
+@pytest.mark.parametrize(
+    ("reason", "finish"), [("stop", "stop"), ("length", "length"), (None, None)]
+)
+def test_an_openai_wire_stream_with_usage_after_its_finish_keeps_the_finish(
+    start_raw: Callable[[Answer], RawBackend],
+    provider: str,
+    model: str,
+    reason: str | None,
+    finish: str | None,
+) -> None:
+    # What OpenAI sends for `stream_options.include_usage`: the finish chunk, then a
+    # chunk of usage and no choices.
+    usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+    script = [*openai_events(reason), {**openai_events(None)[0], "choices": [], "usage": usage}]
+    doc = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events, failure = relayed(start_raw, sse_stream(script), provider, model, doc)
+    if finish is None:
+        assert broken_off(events, failure), (events, failure)
+        return
+    assert failure is None, (events, failure)
+    assert finish_of(events) == finish
+    assert b'"total_tokens":3' in b"".join(events)  # the usage is relayed too
+    assert events[-1] == b"data: [DONE]\n\n"
