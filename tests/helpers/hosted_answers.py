@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import httpx
 
-from gateway.provenance import write_signing_key
-from tests.helpers.gateways import HOSTED_ONLY_POLICY, Gateway, anthropic_backend, hosted_backend
+from tests.helpers.gateways import Gateway, anthropic_backend, hosted_backend
+from tests.helpers.log_truth import logged_hosted_gateway
 from tests.helpers.provenance import request_records
 from tests.helpers.raw_backend import Answer, RawBackend, json_answer
 
@@ -73,24 +73,12 @@ def ask(
     """What the client got for `doc` (at `path`) when the provider answers `body`, and
     the request's record of type `record` (one, its only)."""
     provider = start_raw(json_answer(body))
-    (tmp_path / "policies").mkdir()
-    (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
-    write_signing_key(tmp_path / "log.key", ORIGIN)
     if anthropic:
         backend = anthropic_backend("hosted", provider.url)
     else:
         backend = hosted_backend("hosted", f"{provider.url}/v1", "m")
-    gateway = start_gateway(
-        [backend],
-        environ={"HOSTED_KEY": "sk-test", "MOCK_ANTHROPIC_KEY": "sk-ant-test"},
-        policy={"paths": [str(tmp_path / "policies")]},
-        provenance={
-            "dir": str(tmp_path / "log"),
-            "origin": ORIGIN,
-            "signing_key_file": str(tmp_path / "log.key"),
-            "checkpoint_interval_ms": 20,
-        },
-    )
+    environ = {"HOSTED_KEY": "sk-test", "MOCK_ANTHROPIC_KEY": "sk-ant-test"}
+    gateway = logged_hosted_gateway(start_gateway, tmp_path, backend, environ, ORIGIN)
     response = httpx.post(f"{gateway.url}{path}", json=doc, headers=gateway.headers, timeout=60)
     request_id = response.headers["x-request-id"]
     (found,) = request_records(tmp_path / "log", request_id, record)

@@ -60,16 +60,35 @@ def records_when_one(log: Path) -> list[dict[str, Any]]:
 def hosted_gateway(
     start_gateway: Callable[..., Gateway], tmp_path: Path, url: str, model: str, **extra: Any
 ) -> Gateway:
+    return logged_hosted_gateway(
+        start_gateway,
+        tmp_path,
+        hosted_backend("hosted", url, model),
+        environ={"HOSTED_KEY": "sk-test"},
+        **extra,
+    )
+
+
+def logged_hosted_gateway(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    backend: dict[str, Any],
+    environ: dict[str, str],
+    origin: str = ORIGIN,
+    **extra: Any,
+) -> Gateway:
+    """A gateway whose policy allows `backend` (hosted) alone, its provenance log under
+    `tmp_path / "log"` (origin `origin`), checkpointing every 20 ms."""
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
-    write_signing_key(tmp_path / "log.key", ORIGIN)
+    write_signing_key(tmp_path / "log.key", origin)
     return start_gateway(
-        [hosted_backend("hosted", url, model)],
-        environ={"HOSTED_KEY": "sk-test"},
+        [backend],
+        environ=environ,
         policy={"paths": [str(tmp_path / "policies")]},
         provenance={
             "dir": str(tmp_path / "log"),
-            "origin": ORIGIN,
+            "origin": origin,
             "signing_key_file": str(tmp_path / "log.key"),
             "checkpoint_interval_ms": 20,
         },
