@@ -171,6 +171,18 @@ class StateCollector(Collector):
             value=status.unlisted_revocations,
         )
         yield GaugeMetricFamily(
+            "owngate_state_revocations_list_damaged",
+            "1 while this host's revoked keys list cannot be read (damaged, unreadable, a "
+            "look that has not ended): every tenant request is refused; else 0.",
+            value=0 if status.revocations_list_error is None else 1,
+        )
+        yield CounterMetricFamily(
+            "owngate_state_revocations_list_rollbacks",
+            "Looks that found this host's revoked keys list lacking revocations this "
+            "process held (an older copy restored, or removed): written back.",
+            value=status.revocations_list_rollbacks,
+        )
+        yield GaugeMetricFamily(
             "owngate_state_limit_copies",
             "Processes that each enforce every tenant limit in full on their own (a tenant "
             "may get up to this many times its limits): 1 (workers split them).",

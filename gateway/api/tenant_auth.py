@@ -26,7 +26,7 @@ STALE_CONFIG = (
 # While this host's revoked keys list cannot be read (`SharedState.revocations_unknown`)
 UNKNOWN_REVOCATIONS = (
     "this gateway cannot read its host's list of revoked API keys, so it cannot tell "
-    "whether a key was revoked; requests are refused until the operator restores the list"
+    "whether a key was revoked; requests are refused until it can read it again"
 )
 
 

@@ -241,5 +241,6 @@ class MemoryState:
             pending_revocations=0,
             unlisted_revocations=self._kept.unwritten if self._kept is not None else 0,
             revocations_list_error=self.revocations_unknown,
+            revocations_list_rollbacks=self._kept.rollbacks if self._kept is not None else 0,
             limit_parts=self._parts,
         )

@@ -217,6 +217,7 @@ class RedisState:
             pending_revocations=self._revocations.pending,
             unlisted_revocations=self._kept.unwritten if self._kept is not None else 0,
             revocations_list_error=self.revocations_unknown,
+            revocations_list_rollbacks=self._kept.rollbacks if self._kept is not None else 0,
             restores=self._restore_run.restores,
         )
 

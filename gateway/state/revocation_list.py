@@ -43,6 +43,7 @@ from gateway.small_files import read_small_file
 __all__ = [
     "MAX_DIGESTS",
     "RevocationListError",
+    "RevocationListUnavailable",
     "add_revocations",
     "parse_revocations",
     "read_revocations",
@@ -54,6 +55,11 @@ MAX_DIGESTS: Final = 200_000  # about 14 MB; past it a write is refused (and log
 _MAX_BYTES: Final = len(HEADER) + 1 + MAX_DIGESTS * 72 + 128
 _DIGEST: Final = re.compile(rb"sha256:[0-9a-f]{64}")
 _END: Final = re.compile(rb"end (0|[1-9][0-9]{0,6}) (sha256:[0-9a-f]{64})")
+# What says the host could not open or read the list now (out of file descriptors or
+# memory, interrupted), not that the list is damaged: tried again, the last good list kept.
+TRANSIENT_ERRNOS: Final = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS, errno.EAGAIN, errno.EINTR}
+)
 LOCK_WAIT_S: Final = 5.0
 _LOCK_POLL_S: Final = 0.02
 
@@ -62,14 +68,34 @@ class RevocationListError(ValueError):
     """The list cannot be read as written (never quoting its bytes), or cannot take more."""
 
 
+class RevocationListUnavailable(RevocationListError):
+    """The list could not be opened or read now for want of a host resource
+    (`TRANSIENT_ERRNOS`: `errno_name` says which), not for anything in or about it."""
+
+    def __init__(self, message: str, errno_name: str) -> None:
+        super().__init__(message)
+        self.errno_name = errno_name
+
+
+def unavailable(path: Path, exc: OSError) -> RevocationListUnavailable | None:
+    """The error a look raises for `exc` when it is transient (`TRANSIENT_ERRNOS`)."""
+    if exc.errno not in TRANSIENT_ERRNOS:
+        return None
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    return RevocationListUnavailable(f"{path}: cannot be opened now ({name})", name)
+
+
 def read_revocations(path: Path) -> frozenset[str]:
     """The digests the list at `path` holds; none when there is no file yet. Raises
-    `RevocationListError` when it exists but cannot be read or is not a list."""
+    `RevocationListError` when it exists but cannot be read or is not a list
+    (`RevocationListUnavailable` when the host could not open or read it now)."""
     try:
         raw = read_small_file(path, _MAX_BYTES)
     except FileNotFoundError:
         return frozenset()
     except OSError as exc:  # unreadable, not a regular file, larger than any list
+        if (transient := unavailable(path, exc)) is not None:  # or the host out of fds
+            raise transient from None
         raise RevocationListError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     return parse_revocations(raw, str(path))
 

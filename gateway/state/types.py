@@ -258,6 +258,8 @@ class StateStatus:
     unlisted_revocations: int = 0
     # why this host's list could not be read while running (tenant requests refused)
     revocations_list_error: str | None = None
+    # looks that found this host's list lacking revocations it held (written back)
+    revocations_list_rollbacks: int = 0
     restores: int = 0  # times this replica put its budget use back (its lease was gone)
     # processes each enforcing every tenant limit in full on their own ledger (a tenant
     # may get up to this many times its limits): always 1 (workers split them: below)
@@ -278,6 +280,7 @@ class StateStatus:
             "pending_revocations": self.pending_revocations,
             "unlisted_revocations": self.unlisted_revocations,
             "revocations_list_error": self.revocations_list_error,
+            "revocations_list_rollbacks": self.revocations_list_rollbacks,
             "restores": self.restores,
             "limit_copies": self.limit_copies,
             "limit_parts": self.limit_parts,
