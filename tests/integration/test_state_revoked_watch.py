@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from gateway import small_files
 from gateway.app import create_app
 from gateway.cli.main import main
 from gateway.config import load_config
@@ -166,7 +167,7 @@ def test_a_list_the_host_cannot_open_now_keeps_requests_served(
     again at the next look, and what it gained is refused then."""
     _revoke_here(gateway, DOOMED)
     until(lambda: gateway.status(DOOMED) == 401, "the running gateway refusing the key")
-    real = revocation_list.read_small_file
+    real = small_files.read_small_file
     failing, failed = threading.Event(), threading.Event()
     failing.set()
 
