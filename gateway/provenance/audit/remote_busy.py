@@ -2,7 +2,7 @@
 
 owngate's admin API reads `/log/` files in threads of their own, eight at once and four
 for one admin token (gateway/admin/work.py `LOG_READS`), and answers 429 with
-`retry-after: 1` past either: another auditor's copy, or a second one of the same token,
+`retry-after: 1` once its short line of waiting reads is full (or a read waited 10 s): another auditor's copies, or several of the same token,
 running at the same time is enough. `patiently` asks again after the seconds
 `retry-after` says (1 when it says none, or a date), at most `TRIES` times in a row for one
 file and never past the whole copy's deadline; a wait longer than `MAX_WAIT_S` ends the
