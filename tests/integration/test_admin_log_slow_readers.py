@@ -3,12 +3,13 @@ the gateway, not the file (gateway/admin/log_stream.py).
 
 A real admin listener (uvicorn with owngate's protocol, uvloop) serves a log whose entry
 bundle `tile/entries/000` is `BUNDLE` bytes. `CLIENTS` raw sockets, each with a small
-receive buffer, ask for it and read nothing. Once every one of the server's connections
-has paused writing (the client's window and the kernel's buffers are full), the bytes
-left in their transports are summed. Before, each answer went to its transport in one
-write: each held the whole bundle less what the kernel took, megabytes per connection.
-Now the bundle is streamed as its client takes it: each transport holds at most its
-high-water mark and a chunk. A client that reads gets the bundle whole, byte for byte.
+receive buffer (the server's side a fixed send buffer), ask for it and read nothing.
+Once every one of the server's connections has paused writing (the client's window and
+the kernel's buffers are full), the bytes left in each transport are read. Before, each
+answer went to its transport in one write: each held the whole bundle less what the
+kernel took, megabytes per connection. Now the bundle is streamed as its client takes
+it: each transport holds at most its high-water mark and a chunk. A client that reads
+gets the bundle whole, byte for byte.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def _server(tmp_path: Path) -> ServerThread:
         },
     }
     app = admin_app(create_app(GatewaySettings.model_validate(config), config_dir=tmp_path))
-    return ServerThread(app)
+    server = ServerThread(app)
+    # Its connections inherit a fixed send buffer (no autotuning up to tcp_wmem's maximum,
+    # 4 MiB here, more on a tuned host): the kernel takes about 128 KiB of each answer.
+    server._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
+    return server
 
 
 def _silent_reader(port: int) -> socket.socket:
