@@ -14,6 +14,7 @@ gets the bundle whole, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import socket
 from pathlib import Path
@@ -78,7 +79,17 @@ def _connections(server: ServerThread) -> list[Any]:
     return list(server._server.server_state.connections)
 
 
+def _open_on(path: Path) -> int:
+    """How many of this process's descriptors are open on the file at `path`."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # one closed meanwhile
+            count += fd.readlink() == path
+    return count
+
+
 def test_clients_that_read_nothing_hold_a_bounded_buffer_each(tmp_path: Path) -> None:
+    bundle = (tmp_path / "log" / "tile" / "entries" / "000").resolve()
     with _server(tmp_path) as server:
         readers = [_silent_reader(server.port) for _ in range(CLIENTS)]
         try:
@@ -90,9 +101,12 @@ def test_clients_that_read_nothing_hold_a_bounded_buffer_each(tmp_path: Path) ->
             until(all_paused, "every connection's writes paused (its client reads nothing)")
             held = [c.transport.get_write_buffer_size() for c in _connections(server)]
             assert max(held) <= HELD_MOST, held
+            assert _open_on(bundle) == CLIENTS  # each streams from its open file
         finally:
             for sock in readers:
                 sock.close()
+        # Each streamed answer's descriptor is closed once its client has gone.
+        until(lambda: _open_on(bundle) == 0, "no descriptor left open on the bundle")
 
         # A client that reads gets it whole, with its length declared.
         answer = httpx.get(
@@ -104,6 +118,15 @@ def test_clients_that_read_nothing_hold_a_bounded_buffer_each(tmp_path: Path) ->
         assert answer.headers["content-length"] == str(BUNDLE)
         assert answer.headers["cache-control"] == "private, max-age=31536000, immutable"
         assert answer.content == _bundle()
+        head = httpx.head(
+            f"{server.url}/log/tile/entries/000",
+            headers={"authorization": f"Bearer {TOKEN}"},
+            timeout=30,
+        )
+        assert head.status_code == 200, head.text
+        assert head.headers["content-length"] == str(BUNDLE)
+        assert head.content == b""
+        until(lambda: _open_on(bundle) == 0, "no descriptor left open after a GET and a HEAD")
 
 
 def test_the_chunk_this_test_assumes_is_the_gateways() -> None:
