@@ -169,9 +169,8 @@ def log_read_line() -> ReadLine:
 def _log_refusal(reason: str) -> str:
     if reason == "owner_line":
         return (
-            f"this admin token already has {LOG_READS_PER_CALLER} tile or checkpoint reads "
-            f"running and {LOG_WAITING_PER_CALLER} waiting, as many as one token may; "
-            "retry when one is answered"
+            f"this admin token already has {LOG_WAITING_PER_CALLER} tile or checkpoint "
+            "reads waiting for a thread, as many as one token may; retry when one is answered"
         )
     if reason == "line":
         return (
