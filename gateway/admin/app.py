@@ -59,7 +59,13 @@ from gateway.admin.tenants import router as tenants_router
 from gateway.admin.tiles import router as log_router
 from gateway.admin.timeline import Timeline
 from gateway.admin.timelines import router as timelines_router
-from gateway.admin.work import LOG_READS, LOG_READS_PER_CALLER, AdminWork, in_thread
+from gateway.admin.work import (
+    LOG_READS,
+    LOG_READS_PER_CALLER,
+    AdminWork,
+    in_thread,
+    log_read_line,
+)
 from gateway.api.admin import status_report
 from gateway.config.schema import GatewaySettings
 from gateway.errors import ErrorCode, GatewayError
@@ -87,7 +93,10 @@ def create_admin_app(control: AdminControl) -> FastAPI:
     app.state.parse_lock = asyncio.Lock()
     app.state.work = AdminWork()  # the heavy work's own threads, bounded (work.py)
     # The log's tiles and checkpoint (tiles.py): threads of their own, bounded the same way.
-    app.state.log_reads = AdminWork(LOG_READS, LOG_READS_PER_CALLER, "tile or checkpoint reads")
+    # Past their bounds, they wait their turn in a short line, fair across tokens.
+    app.state.log_reads = AdminWork(
+        LOG_READS, LOG_READS_PER_CALLER, "tile or checkpoint reads", log_read_line()
+    )
     settings = control.runtime.config.admin
     app.state.timeline = Timeline(
         control.runtime, interval_s=settings.sample_interval_s, history_s=settings.history_s

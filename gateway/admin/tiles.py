@@ -20,10 +20,13 @@ thread waiting for a writer for good, and `/dev/zero` was read until memory ran 
 
 Each read runs in the admin API's log-read threads (`app.state.log_reads`, an `AdminWork`
 of `LOG_READS`, gateway/admin/work.py): at most 8 files read at once, 4 of them one admin
-token's; past either, 429 `rate_limit_exceeded` with `retry-after: 1`, at once. These
-were sync routes, run in anyio's default 40 threads without a bound: one auditor token
-could hold every one of them (up to 40 bundles of 16 MiB read at once) and leave other
-auditors, and whatever else of the gateway runs in anyio's threads, waiting.
+token's; past either, a read waits its turn in a short line, fair across tokens
+(gateway/admin/read_line.py), and is 429 `rate_limit_exceeded` with `retry-after: 1`
+only past that. These were sync routes, run in anyio's default 40 threads without a
+bound: one auditor token could hold every one of them (up to 40 bundles of 16 MiB read
+at once) and leave other auditors, and whatever else of the gateway runs in anyio's
+threads, waiting. An entry bundle longer than one chunk is streamed from the open file
+as its client takes it (gateway/admin/log_stream.py), never held whole for a slow reader.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 
 from gateway.admin.auth import Caller, require
+from gateway.admin.log_stream import CHUNK, OpenLogFile, StreamedLogFile, open_streamed
 from gateway.admin.work import AdminWork
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
@@ -98,16 +102,21 @@ def log_problem(error: Exception, directory: Path) -> str:
     return str(error).replace(str(directory), "log")
 
 
-async def _read(request: Request, caller: Caller, name: str, what: str, limit: int) -> bytes:
+async def _read(
+    request: Request, caller: Caller, name: str, what: str, limit: int
+) -> bytes | OpenLogFile:
     """The log file `name` (`_file`), read in one of the admin's log-read threads for
-    `caller`; 429 when the caller or the admin already reads as many as it may."""
+    `caller` (429 when none comes free in time); a file that may be longer than a chunk
+    is opened for streaming instead, its first chunk read."""
     directory = log_dir(request)
     reads: AdminWork = request.app.state.log_reads
     return await reads.run(caller.token, _file, directory, name, what, limit)
 
 
-def _file(directory: Path, name: str, what: str, limit: int) -> bytes:
+def _file(directory: Path, name: str, what: str, limit: int) -> bytes | OpenLogFile:
     try:
+        if limit > CHUNK:  # an entry bundle, the checkpoint: may be longer than a chunk
+            return open_streamed(directory / name, limit)
         return read_log_file(directory / name, limit, follow=False)
     except (FileNotFoundError, NotADirectoryError):
         raise GatewayError(ErrorCode.not_found, f"no {what} in the log") from None
@@ -123,9 +132,7 @@ def _file(directory: Path, name: str, what: str, limit: int) -> bytes:
 )
 async def checkpoint(request: Request, caller: _Auditor) -> Response:
     data = await _read(request, caller, CHECKPOINT, "checkpoint yet", MAX_NOTE_FILE)
-    return Response(
-        data, media_type="text/plain; charset=utf-8", headers={"Cache-Control": _CHANGING}
-    )
+    return _answer(request, data, "text/plain; charset=utf-8", {"Cache-Control": _CHANGING})
 
 
 @router.get(
@@ -140,5 +147,12 @@ async def tile(path: str, request: Request, caller: _Auditor) -> Response:
         raise GatewayError(ErrorCode.not_found, "not a tlog-tiles tile path")
     name, full = parsed
     data = await _read(request, caller, name, f"tile {name}", file_limit(name))
-    cache = _IMMUTABLE if full else _CHANGING
-    return Response(data, media_type=_OCTETS, headers={"Cache-Control": cache})
+    return _answer(request, data, _OCTETS, {"Cache-Control": _IMMUTABLE if full else _CHANGING})
+
+
+def _answer(
+    request: Request, data: bytes | OpenLogFile, media_type: str, headers: dict[str, str]
+) -> Response:
+    if isinstance(data, OpenLogFile):
+        return StreamedLogFile(data, request.app.state.log_reads, media_type, headers)
+    return Response(data, media_type=media_type, headers=headers)

@@ -26,6 +26,12 @@ were sync routes, run in anyio's default 40 threads: one auditor token held them
 (40 entry bundles of up to 16 MiB each read at once) while other auditors and the
 gateway's own anyio-thread users waited. A pool of their own keeps a tile cheap (an
 auditor's client fetches thousands, several at once) and never behind a verify or a report.
+A read past either bound waits its turn in a short line (gateway/admin/read_line.py:
+`LOG_WAITING` in all, `LOG_WAITING_PER_CALLER` of one token's, at most `LOG_WAIT_S`),
+fair across tokens, and is refused with 429 only past it: a tlog client fetches several
+tiles at once. An entry bundle's later chunks, streamed as its client takes them
+(gateway/admin/log_stream.py), are read in the same threads (`more`) without taking a
+turn: the read that opened the file took it.
 """
 
 from __future__ import annotations
@@ -40,15 +46,31 @@ from typing import Final, TypeVar
 from fastapi import Request
 
 from gateway.admin.auth import Caller
+from gateway.admin.read_line import ReadLine
 from gateway.in_flight import InFlight
 
-__all__ = ["LOG_READS", "LOG_READS_PER_CALLER", "PER_CALLER", "THREADS", "AdminWork", "in_thread"]
+__all__ = [
+    "LOG_READS",
+    "LOG_READS_PER_CALLER",
+    "LOG_WAITING",
+    "LOG_WAITING_PER_CALLER",
+    "LOG_WAIT_S",
+    "PER_CALLER",
+    "THREADS",
+    "AdminWork",
+    "in_thread",
+    "log_read_line",
+]
 
 THREADS: Final = 4  # the admin's worker threads, and its calls in flight at most
 PER_CALLER: Final = 2  # of them, one admin token's
 # The log's tile and checkpoint reads: at most 8 files (8 x 16 MiB bundles) read at once.
 LOG_READS: Final = 8
 LOG_READS_PER_CALLER: Final = 4  # of them, one admin token's
+# Past those, a read waits its turn (read_line.py): this many in all, of one token's, this long.
+LOG_WAITING: Final = 32  # as many as the admin listener's connections
+LOG_WAITING_PER_CALLER: Final = 16
+LOG_WAIT_S: Final = 10.0
 _T = TypeVar("_T")
 
 
@@ -62,9 +84,11 @@ class AdminWork:
         threads: int = THREADS,
         per_caller: int = PER_CALLER,
         what: str = "log reads or checks",
+        line: ReadLine | None = None,
     ) -> None:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
+        self._line = line  # where a call past the bounds waits its turn; None: refused
         self._in_flight = InFlight(
             threads,
             per_caller,
@@ -79,34 +103,81 @@ class AdminWork:
         )
 
     def running(self, caller: str) -> int:
+        if self._line is not None:
+            return self._line.held(caller)
         return self._in_flight.held(caller)
+
+    def waiting(self, caller: str | None = None) -> int:
+        """Calls waiting their turn in the line: `caller`'s, or everyone's (0: no line)."""
+        return 0 if self._line is None else self._line.waiting(caller)
 
     async def run(self, caller: str, call: Callable[..., _T], *args: object) -> _T:
         """`call(*args)` in one of the admin's threads, for `caller` (an admin token's
         digest prefix); raises `GatewayError` (429, retry after 1 s) when the caller or
-        the admin already runs as many calls as it may."""
+        the admin already runs as many calls as it may (and, with a line, when the line
+        is full or the call's turn did not come in time)."""
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="owngate-admin")
-        self._in_flight.take(caller)  # raises, holding nothing
+        if self._line is not None:
+            await self._line.take(caller)  # raises, holding nothing
+            give_back = self._line.give_back
+        else:
+            self._in_flight.take(caller)  # raises, holding nothing
+            give_back = self._in_flight.give_back
         try:
-            done: Future[_T] = self._pool.submit(context.run, call, *args)
+            done: Future[_T] = self._threads_pool().submit(context.run, call, *args)
         except BaseException:  # not submitted (the pool shut down): nothing runs
-            self._in_flight.give_back(caller)
+            give_back(caller)
             raise
 
         def finished(_: Future[_T]) -> None:  # in the thread, or here if never started
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing left to bound
-                loop.call_soon_threadsafe(self._in_flight.give_back, caller)
+                loop.call_soon_threadsafe(give_back, caller)
 
         done.add_done_callback(finished)
         return await asyncio.wrap_future(done)
+
+    async def more(self, call: Callable[..., _T], *args: object) -> _T:
+        """`call(*args)` in the same threads, as a further step of a call `run` admitted
+        (a streamed file's next chunk): never refused, it queues behind what runs."""
+        context = contextvars.copy_context()
+        return await asyncio.wrap_future(self._threads_pool().submit(context.run, call, *args))
+
+    def _threads_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="owngate-admin")
+        return self._pool
 
     def shutdown(self) -> None:
         """Start no more calls (those not started are dropped); running ones finish."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def log_read_line() -> ReadLine:
+    """The line the log's reads wait in past their bounds (`LOG_*`, read_line.py)."""
+    return ReadLine(
+        LOG_READS,
+        LOG_READS_PER_CALLER,
+        most_waiting=LOG_WAITING,
+        per_owner_waiting=LOG_WAITING_PER_CALLER,
+        wait_s=LOG_WAIT_S,
+        refusal=_log_refusal,
+    )
+
+
+def _log_refusal(reason: str) -> str:
+    if reason == "owner_line":
+        return (
+            f"this admin token already has {LOG_WAITING_PER_CALLER} tile or checkpoint "
+            "reads waiting for a thread, as many as one token may; retry when one is answered"
+        )
+    if reason == "line":
+        return (
+            f"the admin API already has {LOG_WAITING} tile or checkpoint reads waiting, "
+            "as many as it keeps; retry shortly"
+        )
+    return f"no thread came free for this read within {LOG_WAIT_S:g} s; retry shortly"
 
 
 async def in_thread(request: Request, caller: Caller, call: Callable[..., _T], *args: object) -> _T:

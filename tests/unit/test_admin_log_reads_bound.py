@@ -1,11 +1,14 @@
 """The log's tiles and checkpoint are read within a bound, per admin token and in all
-(gateway/admin/tiles.py, gateway/admin/work.py `LOG_READS`).
+(gateway/admin/tiles.py, gateway/admin/work.py `LOG_READS`), and a read past it waits
+its turn in a short line, fair across tokens (gateway/admin/read_line.py).
 
 `GET /log/checkpoint` and `/log/tile/...` were sync routes, run in anyio's default 40
 threads with no bound of their own: one auditor token could hold every one of them (40
-entry bundles of 16 MiB read at once) while other auditors waited. Now a token past
-`LOG_READS_PER_CALLER` reads in flight, or anyone past `LOG_READS`, gets 429
-`rate_limit_exceeded` with `retry-after: 1` at once, and another token is still served.
+entry bundles of 16 MiB read at once) while other auditors waited. Then a token past
+`LOG_READS_PER_CALLER` reads in flight got 429 at once: a tlog client fetching more
+tiles than that in parallel got 429 for the rest. Now those wait (up to
+`LOG_WAITING_PER_CALLER` of one token's) and are served once a read ends; another token
+is still served meanwhile; past the line, 429 `rate_limit_exceeded` with `retry-after: 1`.
 
 The admin app runs in process (httpx's ASGI transport); the log's reader is replaced by
 one that waits on an event before reading the tile `tile/0/000` (a stand-in for a disk
@@ -25,7 +28,8 @@ import httpx
 import pytest
 
 from gateway.admin import tiles
-from gateway.admin.work import LOG_READS, LOG_READS_PER_CALLER
+from gateway.admin import work as admin_work
+from gateway.admin.work import LOG_READS, LOG_READS_PER_CALLER, AdminWork
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
 from gateway.provenance.formats.layout import read_log_file
@@ -61,7 +65,7 @@ class HeldReads:
         return self._read(path, limit, **kwargs)
 
 
-def _app(tmp_path: Path) -> httpx.AsyncClient:
+def _app(tmp_path: Path) -> tuple[AdminWork, httpx.AsyncClient]:
     log = tmp_path / "log"
     (log / "tile" / "0").mkdir(parents=True)
     (log / HELD).write_bytes(TILE)
@@ -74,7 +78,14 @@ def _app(tmp_path: Path) -> httpx.AsyncClient:
     }
     app = admin_app(create_app(GatewaySettings.model_validate(config), config_dir=tmp_path))
     transport = httpx.ASGITransport(app)
-    return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=GATE_S)
+    client = httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=GATE_S)
+    return app.state.log_reads, client
+
+
+def _waiting(work: AdminWork) -> int:
+    """Reads waiting their turn (an `AdminWork` without a line, as before it, has none)."""
+    waiting = getattr(work, "waiting", None)
+    return 0 if waiting is None else int(waiting())
 
 
 def _get(client: httpx.AsyncClient, who: str, path: str) -> asyncio.Task[httpx.Response]:
@@ -90,39 +101,77 @@ def _refused(answer: httpx.Response, bound: str) -> None:
     assert bound in error["message"], error
 
 
-def test_a_token_holding_its_share_of_log_reads_is_429_while_another_is_served(
+def test_a_token_fetching_more_tiles_than_its_share_waits_its_turn_while_another_is_served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Token `a` holds LOG_READS_PER_CALLER reads: its next one (of another file, which
-    nothing holds) is 429 at once; token `b` is served meanwhile, then holds as many as
-    `a`, and token `c` is 429 (the bound in all). None of it runs in anyio's threads.
-    Before: `a`'s next read was served (200), in a thread of anyio's 40."""
+    """Token `a` holds LOG_READS_PER_CALLER reads and sends as many more: they wait in
+    the line (not 429) and are all served once the held ones end; token `b` is served
+    meanwhile, and none of it runs in anyio's threads. Past its share of the line, `a`'s
+    next read is 429 at once. Before: `a`'s reads past its share were 429 at once."""
     reads = HeldReads(read_log_file, tmp_path / "log")
     monkeypatch.setattr(tiles, "read_log_file", reads)
     limiter = anyio.to_thread.current_default_thread_limiter
 
     async def run() -> None:
         held: list[asyncio.Task[httpx.Response]] = []
-        async with _app(tmp_path) as client:
+        work, client = _app(tmp_path)
+        async with client:
             try:
                 held += [_get(client, "a", HELD) for _ in range(LOG_READS_PER_CALLER)]
                 await until_async(lambda: reads.waiting == LOG_READS_PER_CALLER, "a's reads held")
-                _refused(await _get(client, "a", "checkpoint"), "as many as one token may")
+                more = [_get(client, "a", "checkpoint") for _ in range(LOG_READS_PER_CALLER)]
+                held += more
+                await until_async(
+                    lambda: any(t.done() for t in more) or _waiting(work) == len(more),
+                    "a's further reads waiting (or answered)",
+                )
+                assert not any(t.done() for t in more), [t.result().text for t in more if t.done()]
                 assert limiter().borrowed_tokens == 0  # none in anyio's threads
 
                 served = await _get(client, "b", "checkpoint")
                 assert served.status_code == 200, served.text
                 assert served.content == NOTE
-
-                held += [_get(client, "b", HELD) for _ in range(LOG_READS - len(held))]
-                await until_async(lambda: reads.waiting == LOG_READS, "b's reads held too")
-                _refused(await _get(client, "c", "checkpoint"), "as many as it runs")
             finally:
                 reads.gate.set()
                 answers = await asyncio.gather(*held)
-            assert [a.status_code for a in answers] == [200] * LOG_READS
-            assert all(a.content == TILE for a in answers)
+            assert [a.status_code for a in answers] == [200] * len(held), [a.text for a in answers]
+            assert [a.content for a in answers] == [TILE] * LOG_READS_PER_CALLER + [NOTE] * len(
+                more
+            )
             again = await _get(client, "a", "checkpoint")
             assert again.status_code == 200, again.text
+
+    asyncio.run(run())
+
+
+def test_reads_past_the_bound_in_all_wait_and_past_the_line_are_429(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`a` and `b` hold LOG_READS reads between them; `c`'s read waits (the bound in all)
+    and is served once reads end (which waiting read goes first: test_admin_read_line.py).
+    `a`'s read past LOG_WAITING_PER_CALLER waiting is 429 at once."""
+    reads = HeldReads(read_log_file, tmp_path / "log")
+    monkeypatch.setattr(tiles, "read_log_file", reads)
+
+    async def run() -> None:
+        held: list[asyncio.Task[httpx.Response]] = []
+        work, client = _app(tmp_path)
+        async with client:
+            try:
+                for who in ("a", "b"):
+                    held += [_get(client, who, HELD) for _ in range(LOG_READS_PER_CALLER)]
+                await until_async(lambda: reads.waiting == LOG_READS, "a's and b's reads held")
+                a_line = [_get(client, "a", HELD) for _ in range(admin_work.LOG_WAITING_PER_CALLER)]
+                held += a_line
+                await until_async(lambda: _waiting(work) == len(a_line), "a's line")
+                _refused(await _get(client, "a", "checkpoint"), "as many as one token may")
+                c_read = _get(client, "c", HELD)
+                held.append(c_read)
+                await until_async(lambda: _waiting(work) == len(a_line) + 1, "c waiting")
+                assert not c_read.done()
+            finally:
+                reads.gate.set()
+                answers = await asyncio.gather(*held)
+            assert [a.status_code for a in answers] == [200] * len(held), [a.text for a in answers]
 
     asyncio.run(run())

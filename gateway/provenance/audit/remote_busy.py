@@ -1,12 +1,13 @@
 """A log server's 429 to one of a log copy's GETs (remote.py): its readers are all taken.
 
 owngate's admin API reads `/log/` files in threads of their own, eight at once and four
-for one admin token (gateway/admin/work.py `LOG_READS`), and answers 429 with
-`retry-after: 1` past either: another auditor's copy, or a second one of the same token,
-running at the same time is enough. `patiently` asks again after the seconds
-`retry-after` says (1 when it says none, or a date), at most `TRIES` times in a row for one
-file and never past the whole copy's deadline; a wait longer than `MAX_WAIT_S` ends the
-copy at once. Before, the first 429 ended a copy of a log of thousands of files.
+for one admin token (gateway/admin/work.py `LOG_READS`); past either a read waits its
+turn in a short line, and is answered 429 with `retry-after: 1` once that line is full
+or it waited 10 s: many copies running at the same time are enough. `patiently` asks
+again after the seconds `retry-after` says (1 when it says none, or a date), at most
+`TRIES` times in a row for one file and never past the whole copy's deadline; a wait
+longer than `MAX_WAIT_S` ends the copy at once. Before, the first 429 ended a copy of a
+log of thousands of files.
 """
 
 from __future__ import annotations

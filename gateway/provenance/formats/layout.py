@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
-from gateway.small_files import read_small_file
+from gateway.small_files import open_regular_file, read_small_file
 
 __all__ = [
     "CHECKPOINT",
@@ -49,6 +49,7 @@ __all__ = [
     "list_history",
     "newest_cosigned",
     "newest_history",
+    "open_log_file",
     "read_log_file",
 ]
 
@@ -82,10 +83,37 @@ def read_log_file(path: Path, limit: int = MAX_NOTE_FILE, *, follow: bool = True
     except FileNotFoundError:
         raise
     except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.EFBIG, *NOT_A_FILE):
+        malformed = _malformed(path, limit, exc)
+        if malformed is None:
             raise
-        why = f"{exc.strerror}: a log file is a regular file of at most {limit} bytes"
-        raise MalformedError(f"{path}: {why}") from exc
+        raise malformed from exc
+
+
+def open_log_file(path: Path, limit: int, *, follow: bool = True) -> tuple[int, int]:
+    """A descriptor open for reading on the log file at `path`, and its size (for a
+    reader that streams it); refused as `read_log_file` refuses, the descriptor closed."""
+    try:
+        fd, status = open_regular_file(path, follow=follow)
+        if status.st_size > limit:
+            os.close(fd)
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        malformed = _malformed(path, limit, exc)
+        if malformed is None:
+            raise
+        raise malformed from exc
+    return fd, status.st_size
+
+
+def _malformed(path: Path, limit: int, exc: OSError) -> MalformedError | None:
+    """`exc` as a MalformedError naming `path` when it says the file is none a log holds
+    (not a regular file, or too large); None for any other failure."""
+    if exc.errno not in (errno.EINVAL, errno.EFBIG, *NOT_A_FILE):
+        return None
+    why = f"{exc.strerror}: a log file is a regular file of at most {limit} bytes"
+    return MalformedError(f"{path}: {why}")
 
 
 def history_path(directory: Path, size: int) -> Path:
