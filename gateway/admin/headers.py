@@ -22,7 +22,9 @@ Headers the route set are kept; only missing ones are added.
 alone: the same status and headers (`Content-Length` the GET body's), no body bytes.
 FastAPI routes take GET only, and the tokenless loopback reader (auth.py) was promised
 GET and HEAD while every HEAD was a 405. The schema (docs/admin-openapi.json) lists the
-GET operations; HEAD is implied by them (RFC 9110 section 9.3.2).
+GET operations; HEAD is implied by them (RFC 9110 section 9.3.2). The GET it runs has
+`HEAD_ONLY` set in its scope, so an answer whose body costs work to produce (a streamed
+log file, log_stream.py) may send its head and skip the body.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["API_CSP", "API_HEADERS", "ApiHeaders", "HeadAsGet"]
+__all__ = ["API_CSP", "API_HEADERS", "HEAD_ONLY", "ApiHeaders", "HeadAsGet"]
 
 # What an admin answer may do when a browser renders it: show itself with its own inline
 # styles (the audit report's <style> and SVG), nothing else.
@@ -47,6 +49,8 @@ API_HEADERS: Final = (
     (b"referrer-policy", b"no-referrer"),
     (b"cross-origin-opener-policy", b"same-origin"),
 )
+# Set (True) in the scope of the GET that `HeadAsGet` runs for a HEAD: its body is dropped.
+HEAD_ONLY: Final = "owngate.head_only"
 
 
 class ApiHeaders:
@@ -95,4 +99,4 @@ class HeadAsGet:
                 ended = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        await self.app({**scope, "method": "GET"}, receive, head_only)
+        await self.app({**scope, "method": "GET", HEAD_ONLY: True}, receive, head_only)

@@ -19,9 +19,11 @@ connection cap it is dropped first for a newcomer (gateway/listener_room.py).
 The writer replaces a log file by renaming a new one over it (never in place), so the
 open descriptor reads one version whole, the one whose size the `content-length` says.
 A file that reads shorter than its size anyway ends the connection (the answer cannot
-be finished). The descriptor is closed when the answer ends, however it ends; a chunk's
-read in a thread at that moment closes it itself once done (`close`), so the loop never
-waits on a disk and no descriptor number is reused under a running read.
+be finished). A HEAD (gateway/admin/headers.py `HEAD_ONLY`) gets the head alone, no
+chunk read past the first: it read the file through, a loop turn and a thread's read per
+chunk, for a body dropped. The descriptor is closed when the answer ends, however it
+ends; a chunk's read in a thread at that moment closes it itself once done (`close`), so
+the loop never waits on a disk and no descriptor number is reused under a running read.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Final
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.admin.headers import HEAD_ONLY
 from gateway.admin.work import AdminWork
 from gateway.provenance.formats.layout import open_log_file
 
@@ -111,7 +114,12 @@ class StreamedLogFile(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            if scope.get(HEAD_ONLY):  # a HEAD: its body would be dropped, so none is read
+                start = {"status": self.status_code, "headers": self.raw_headers}
+                await send({"type": "http.response.start", **start})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await super().__call__(scope, receive, send)
         finally:
             self._opened.close()
 
