@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import socket
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.app import admin_app, create_app
 from gateway.config import GatewaySettings
@@ -133,3 +135,30 @@ def test_the_chunk_this_test_assumes_is_the_gateways() -> None:
     from gateway.admin.log_stream import CHUNK as STREAMED
 
     assert STREAMED == CHUNK
+
+
+def test_a_file_cut_short_under_its_stream_ends_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer never truncates a log file in place, but if someone does while its
+    stream runs, the client must not take what it got for the whole file: the answer
+    declared the length it opened with, and the connection ends short of it."""
+    from gateway.admin import log_stream
+
+    bundle = tmp_path / "log" / "tile" / "entries" / "000"
+    read = log_stream.OpenLogFile.read
+
+    def truncating(self: log_stream.OpenLogFile, offset: int) -> bytes:
+        if offset == CHUNK:  # the first chunk is sent: cut the file under the open descriptor
+            os.truncate(bundle, 3 * CHUNK)
+        return read(self, offset)
+
+    monkeypatch.setattr(log_stream.OpenLogFile, "read", truncating)
+    with _server(tmp_path) as server:
+        url = f"{server.url}/log/tile/entries/000"
+        with httpx.stream("GET", url, headers={"authorization": f"Bearer {TOKEN}"}) as answer:
+            assert answer.status_code == 200
+            assert answer.headers["content-length"] == str(BUNDLE)
+            with pytest.raises(httpx.RemoteProtocolError):  # not a short body taken whole
+                answer.read()
+        until(lambda: _open_on(bundle.resolve()) == 0, "no descriptor left open on the bundle")
