@@ -34,6 +34,13 @@ missing digests are written back (`note`): this process never drops one, and a p
 started here later (a worker started again, a restart while Redis is down) refuses them
 too. Before, the process kept refusing them but never wrote them back: the next start
 served the keys again.
+
+A write that has not ended within its lock wait and `LOOK_LIMIT_S` (a hung filesystem:
+`stat` answered from a cache while writes block) counts as one that failed for what it
+holds back: `listed` gets its revocations, and those noted until it ends, at once
+(logged). Before, a revocation learned from Redis waited for that write for good: the
+key stayed served here while every other replica refused it. The write itself, an admin
+revocation's answer and the shutdown still wait for it (not bounded).
 """
 
 from __future__ import annotations
@@ -110,6 +117,7 @@ class KeptRevocations:
         self._unwritten: set[str] = set()
         self._retry_at = 0.0
         self._failing = False
+        self._stalled = False  # a write has not ended within its bound (`_bounded`)
         self._task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None  # made in the loop that first writes
@@ -123,13 +131,14 @@ class KeptRevocations:
     def note(self, digests: Iterable[str]) -> None:
         """Revocations this process made or learned: to be written. Raises ValueError
         for one that is no key digest (it would make every write of the batch fail).
-        While writes fail (before the retry time), `listed` gets them at once: a process
-        never waits for a list it cannot write to refuse a key."""
+        While writes fail (before the retry time), or one has not ended within its bound
+        (`_bounded`), `listed` gets them at once: a process never waits for a list it
+        cannot write to refuse a key."""
         batch = set(digests)
         if not all(DIGEST.match(d) for d in batch):
             raise ValueError("a revoked keys list holds key digests only (sha256: and 64 hex)")
         self._unwritten |= batch
-        if batch and self._failing and self._clock() < self._retry_at:
+        if batch and (self._stalled or (self._failing and self._clock() < self._retry_at)):
             self.listed(frozenset(batch))
 
     def flush_soon(self) -> None:
@@ -152,8 +161,11 @@ class KeptRevocations:
             batch = set(self._unwritten)
             if not batch:
                 return
+            write = asyncio.ensure_future(
+                asyncio.to_thread(add_revocations, self.path, batch, wait_s=self._lock_wait_s)
+            )
             try:
-                await asyncio.to_thread(add_revocations, self.path, batch, wait_s=self._lock_wait_s)
+                await self._bounded(write)
             except (OSError, ValueError) as exc:  # RevocationListError is a ValueError
                 self._retry_at = self._clock() + RETRY_S
                 if not self._failing:
@@ -174,6 +186,26 @@ class KeptRevocations:
                 self._log.info("revoked keys list written again", path=str(self.path))
             self._failing = False
             self.listed(frozenset(batch))
+
+    async def _bounded(self, write: asyncio.Future[int]) -> None:
+        """Wait for `write`; one not ended within its lock wait and `look_limit_s` (a
+        hung filesystem) no longer holds up the revocations: `listed` gets them, and
+        those noted until it ends, at once (a hung write is one that failed)."""
+        done, _ = await asyncio.wait({write}, timeout=self._lock_wait_s + self._look_limit_s)
+        if not done:
+            self._stalled = True
+            self._log.error(
+                "revoked keys list write has not ended; revocations made or learned here "
+                "are refused now, and hold in this process only until it ends (the "
+                "filesystem holding it may hang)",
+                path=str(self.path),
+                unwritten=len(self._unwritten),
+            )
+            self.listed(frozenset(self._unwritten))
+        try:
+            await write
+        finally:
+            self._stalled = False
 
     def watch(self) -> None:
         """Look at the list every `watch_s` in a background task, until `close`."""
