@@ -191,7 +191,11 @@ class KeptRevocations:
         """Wait for `write`; one not ended within its lock wait and `look_limit_s` (a
         hung filesystem) no longer holds up the revocations: `listed` gets them, and
         those noted until it ends, at once (a hung write is one that failed)."""
-        done, _ = await asyncio.wait({write}, timeout=self._lock_wait_s + self._look_limit_s)
+        try:
+            done, _ = await asyncio.wait({write}, timeout=self._lock_wait_s + self._look_limit_s)
+        except asyncio.CancelledError:
+            write.cancel()  # as an awaited write would be (its thread runs on)
+            raise
         if not done:
             self._stalled = True
             self._log.error(
