@@ -32,7 +32,8 @@ list that was fine. A list that lacks digests it held (an older copy restored, o
 removed: `rollbacks` counts the looks that found so) is logged as an error and the
 missing digests are written back (`note`): this process never drops one, and a process
 started here later (a worker started again, a restart while Redis is down) refuses them
-too. Before, the process kept refusing them but never wrote them back: the next start
+too (a look under way as this process wrote them cannot tell: the next reads again).
+Before, the process kept refusing them but never wrote them back: the next start
 served the keys again.
 
 A write that has not ended within its lock wait and `LOOK_LIMIT_S` (a hung filesystem:
@@ -112,6 +113,7 @@ class KeptRevocations:
         self._look_limit_s = LOOK_LIMIT_S if look_limit_s is None else look_limit_s
         self._reading: asyncio.Future[Read] | None = None
         self._held: frozenset[str] = frozenset()  # `known` as the read in progress began
+        self._recheck = False  # the last read could not tell all it lost: read again
         self._unavailable_since: float | None = None  # first look the host could not open it
         self._lock_wait_s = lock_wait_s
         self._unwritten: set[str] = set()
@@ -232,7 +234,7 @@ class KeptRevocations:
         Waits at most `look_limit_s` for the read (module docstring)."""
         if self._reading is None:
             self._held = frozenset(self.known)  # what a list read from now on must hold
-            self._reading = self._read_in_thread(force=self._failing_looks())
+            self._reading = self._read_in_thread(force=self._must_read())
         reading = self._reading
         done, _ = await asyncio.wait({reading}, timeout=self._look_limit_s)
         if not done:  # still reading: the next look waits for the same read
@@ -272,6 +274,9 @@ class KeptRevocations:
             self.listed(fresh)  # first: should it raise, the next look hands them again
             self.known |= fresh
         self._stamp = stamp
+        # Written here while it read (or written, then lost to an older copy restored
+        # before it read): read again at the next look, whose `_held` holds them.
+        self._recheck = bool(self.known - self._held - digests)
         lost = self._held - digests  # held as the read began: on the list then, or before
         if lost:
             self.rollbacks += 1
@@ -285,8 +290,9 @@ class KeptRevocations:
             self._unwritten |= lost
         return fresh
 
-    def _failing_looks(self) -> bool:
-        return self.damaged is not None or self._unavailable_since is not None
+    def _must_read(self) -> bool:
+        failing = self.damaged is not None or self._unavailable_since is not None
+        return failing or self._recheck
 
     def _damage(self, reason: str, event: str) -> None:
         if self.damaged is None:
