@@ -32,8 +32,16 @@ list that was fine. A list that lacks digests it held (an older copy restored, o
 removed: `rollbacks` counts the looks that found so) is logged as an error and the
 missing digests are written back (`note`): this process never drops one, and a process
 started here later (a worker started again, a restart while Redis is down) refuses them
-too. Before, the process kept refusing them but never wrote them back: the next start
+too (a look under way as this process wrote them cannot tell: the next reads again).
+Before, the process kept refusing them but never wrote them back: the next start
 served the keys again.
+
+A write that has not ended within its lock wait and `LOOK_LIMIT_S` (a hung filesystem:
+`stat` answered from a cache while writes block) counts as one that failed for what it
+holds back: `listed` gets its revocations, and those noted until it ends, at once
+(logged). Before, a revocation learned from Redis waited for that write for good: the
+key stayed served here while every other replica refused it. The write itself, an admin
+revocation's answer and the shutdown still wait for it (not bounded).
 """
 
 from __future__ import annotations
@@ -105,11 +113,13 @@ class KeptRevocations:
         self._look_limit_s = LOOK_LIMIT_S if look_limit_s is None else look_limit_s
         self._reading: asyncio.Future[Read] | None = None
         self._held: frozenset[str] = frozenset()  # `known` as the read in progress began
+        self._recheck = False  # the last read could not tell all it lost: read again
         self._unavailable_since: float | None = None  # first look the host could not open it
         self._lock_wait_s = lock_wait_s
         self._unwritten: set[str] = set()
         self._retry_at = 0.0
         self._failing = False
+        self._stalled = False  # a write has not ended within its bound (`_bounded`)
         self._task: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._lock: asyncio.Lock | None = None  # made in the loop that first writes
@@ -123,13 +133,14 @@ class KeptRevocations:
     def note(self, digests: Iterable[str]) -> None:
         """Revocations this process made or learned: to be written. Raises ValueError
         for one that is no key digest (it would make every write of the batch fail).
-        While writes fail (before the retry time), `listed` gets them at once: a process
-        never waits for a list it cannot write to refuse a key."""
+        While writes fail (before the retry time), or one has not ended within its bound
+        (`_bounded`), `listed` gets them at once: a process never waits for a list it
+        cannot write to refuse a key."""
         batch = set(digests)
         if not all(DIGEST.match(d) for d in batch):
             raise ValueError("a revoked keys list holds key digests only (sha256: and 64 hex)")
         self._unwritten |= batch
-        if batch and self._failing and self._clock() < self._retry_at:
+        if batch and (self._stalled or (self._failing and self._clock() < self._retry_at)):
             self.listed(frozenset(batch))
 
     def flush_soon(self) -> None:
@@ -152,8 +163,11 @@ class KeptRevocations:
             batch = set(self._unwritten)
             if not batch:
                 return
+            write = asyncio.ensure_future(
+                asyncio.to_thread(add_revocations, self.path, batch, wait_s=self._lock_wait_s)
+            )
             try:
-                await asyncio.to_thread(add_revocations, self.path, batch, wait_s=self._lock_wait_s)
+                await self._bounded(write)
             except (OSError, ValueError) as exc:  # RevocationListError is a ValueError
                 self._retry_at = self._clock() + RETRY_S
                 if not self._failing:
@@ -174,6 +188,30 @@ class KeptRevocations:
                 self._log.info("revoked keys list written again", path=str(self.path))
             self._failing = False
             self.listed(frozenset(batch))
+
+    async def _bounded(self, write: asyncio.Future[int]) -> None:
+        """Wait for `write`; one not ended within its lock wait and `look_limit_s` (a
+        hung filesystem) no longer holds up the revocations: `listed` gets them, and
+        those noted until it ends, at once (a hung write is one that failed)."""
+        try:
+            done, _ = await asyncio.wait({write}, timeout=self._lock_wait_s + self._look_limit_s)
+        except asyncio.CancelledError:
+            write.cancel()  # as an awaited write would be (its thread runs on)
+            raise
+        if not done:
+            self._stalled = True
+            self._log.error(
+                "revoked keys list write has not ended; revocations made or learned here "
+                "are refused now, and hold in this process only until it ends (the "
+                "filesystem holding it may hang)",
+                path=str(self.path),
+                unwritten=len(self._unwritten),
+            )
+            self.listed(frozenset(self._unwritten))
+        try:
+            await write
+        finally:
+            self._stalled = False
 
     def watch(self) -> None:
         """Look at the list every `watch_s` in a background task, until `close`."""
@@ -196,7 +234,7 @@ class KeptRevocations:
         Waits at most `look_limit_s` for the read (module docstring)."""
         if self._reading is None:
             self._held = frozenset(self.known)  # what a list read from now on must hold
-            self._reading = self._read_in_thread(force=self._failing_looks())
+            self._reading = self._read_in_thread(force=self._must_read())
         reading = self._reading
         done, _ = await asyncio.wait({reading}, timeout=self._look_limit_s)
         if not done:  # still reading: the next look waits for the same read
@@ -236,6 +274,9 @@ class KeptRevocations:
             self.listed(fresh)  # first: should it raise, the next look hands them again
             self.known |= fresh
         self._stamp = stamp
+        # Written here while it read (or written, then lost to an older copy restored
+        # before it read): read again at the next look, whose `_held` holds them.
+        self._recheck = bool(self.known - self._held - digests)
         lost = self._held - digests  # held as the read began: on the list then, or before
         if lost:
             self.rollbacks += 1
@@ -249,8 +290,9 @@ class KeptRevocations:
             self._unwritten |= lost
         return fresh
 
-    def _failing_looks(self) -> bool:
-        return self.damaged is not None or self._unavailable_since is not None
+    def _must_read(self) -> bool:
+        failing = self.damaged is not None or self._unavailable_since is not None
+        return failing or self._recheck
 
     def _damage(self, reason: str, event: str) -> None:
         if self.damaged is None:

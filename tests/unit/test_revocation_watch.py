@@ -205,3 +205,92 @@ def _staged(path: Path, digests: list[str]) -> Path:
     staged = path.with_name("staged")
     staged.write_bytes(render_revocations(digests))
     return staged
+
+
+def test_a_write_that_never_ends_holds_no_revocation_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The list's write blocks for good (a hung filesystem whose `stat` a cache still
+    answers: the looks go on). A revocation learned from Redis is handed to `listed`
+    (enforced) once its write ends: before, it never was, and the key stayed served here
+    while every other replica refused it. Now a write not ended within its lock wait and
+    the look limit counts as failed for what it holds back, and so does each revocation
+    noted while it hangs; the write, once it ends, still lands on the list."""
+    path = tmp_path / "revoked-keys"
+    release, began = threading.Event(), threading.Event()
+    write = add_revocations
+
+    def hung(where: Path, digests: set[str], *, wait_s: float) -> int:
+        began.set()
+        release.wait()
+        return write(where, digests, wait_s=wait_s)
+
+    monkeypatch.setattr(revocation_keeper, "add_revocations", hung)
+    kept = KeptRevocations(path, lock_wait_s=0.1, look_limit_s=0.1)
+    listed: set[str] = set()
+    kept.listed = listed.update
+
+    async def scenario() -> None:
+        try:
+            kept.note([digest(1)])  # learned from Redis: enforced once its write ends
+            kept.flush_soon()
+            await asyncio.to_thread(began.wait, HANG_BOUND_S)
+            await until_async(lambda: digest(1) in listed, "refused though its write hangs")
+            kept.note([digest(2)])  # learned while it hangs: at once
+            assert digest(2) in listed and kept.unwritten == 2
+        finally:
+            release.set()  # before: frees the write, so the loop can close
+            await kept.close()
+
+    with capture_logs() as logs:
+        asyncio.run(scenario())
+    assert read_revocations(path) == {digest(1), digest(2)}  # written once it ended
+    assert kept.unwritten == 0
+    errors = [e["event"] for e in logs if e["log_level"] == "error"]
+    assert len(errors) == 1 and "write has not ended" in errors[0], errors
+
+
+def test_a_rollback_while_a_look_is_under_way_is_still_written_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look's `stat` is slow (the test holds it); meanwhile this process writes a
+    revocation, then an older copy of the list is restored over it, and only then does the
+    look read the list. The look had begun before the write, so it could not tell that
+    the list lost it; before, it took the restored list's stamp as read, and no later
+    look read the list again (unchanged): the revocation stayed off the list for good,
+    and a restart while Redis was down served the key. Now the next look reads it again
+    and writes it back."""
+    path = tmp_path / "revoked-keys"
+    add_revocations(path, [digest(1)])
+    backup = path.read_bytes()
+    kept = KeptRevocations(path, look_limit_s=HANG_BOUND_S)
+    state = MemoryState(kept=kept)
+    gate, held, stamp = threading.Event(), threading.Event(), revocation_keeper._stamp
+
+    def slow_stamp(where: Path) -> revocation_keeper.Stamp:
+        if not gate.is_set():
+            held.set()
+            gate.wait()
+        return stamp(where)
+
+    monkeypatch.setattr(revocation_keeper, "_stamp", slow_stamp)
+
+    async def scenario() -> None:
+        look = asyncio.create_task(kept.look())
+        await asyncio.to_thread(held.wait, HANG_BOUND_S)  # the look is under way
+        await state.revoke_key(digest(2))  # written: the list holds it
+        assert read_revocations(path) == {digest(1), digest(2)}
+        staged = path.with_name("restored")
+        staged.write_bytes(backup)
+        os.replace(staged, path)  # the older copy restored, before the look reads
+        gate.set()
+        assert await look == frozenset()
+        for _ in range(3):  # before: each look found the list unchanged
+            await kept.look()
+            if kept._task is not None:
+                await kept._task  # the write-back
+        assert read_revocations(path) == {digest(1), digest(2)}
+        assert state.is_revoked(digest(2)) and kept.rollbacks == 1
+        await state.close()
+
+    asyncio.run(scenario())
