@@ -179,9 +179,8 @@ class LimitedHttpProtocol(RefusingProtocol):
             return
         self._read_len = len(data)
         in_body = not self._in_head
-        if in_body:
-            self._body_read = 0
-        else:
+        self._body_read = 0
+        if not in_body:
             self._head_bytes += self._read_len
         idle = self.timeout_keep_alive_task is not None  # between requests: see below
         self._unset_keepalive_if_required()
@@ -221,7 +220,7 @@ class LimitedHttpProtocol(RefusingProtocol):
                     self.limits.header_timeout_s, self._head_late
                 )
         else:  # a body is still arriving
-            if in_body and self._framing_too_long():
+            if self._framing_too_long(head_ended=not in_body):
                 return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
@@ -314,15 +313,24 @@ class LimitedHttpProtocol(RefusingProtocol):
         self._body_timer = None
         super().on_message_complete()
 
-    def _framing_too_long(self) -> bool:
+    def _framing_too_long(self, *, head_ended: bool) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
-        chunks are fine; a read that carried body data counts from its own total."""
-        if self._body_read:
-            self._framing = self._read_len - self._body_read
+        chunks are fine; a read that carried body data counts from its own total. So does
+        the read that ended the head (`head_ended`), less that head's bytes in it: counted
+        from the next read only, framing that came with the head went past the limit
+        unseen (a read holds up to 256 KiB). The head's size is its fields' (`head_size`,
+        spaces around values not counted), so what is counted may be a little more."""
+        framing = self._read_len - self._body_read
+        if head_ended:
+            earlier = max(0, self._head_bytes - self._read_len)  # of reads before this one
+            sent = head_size(self.parser.get_method(), self.url, self.headers)
+            framing -= max(0, sent - earlier)
+        if self._body_read or head_ended:
+            self._framing = framing
         else:
-            self._framing += self._read_len
+            self._framing += framing
         limit = self.limits.max_header_bytes
         if self._framing <= limit:
             return False
