@@ -180,6 +180,10 @@ class LimitedHttpProtocol(RefusingProtocol):
         self._read_len = len(data)
         in_body = not self._in_head
         self._body_read = 0
+        self._begun_in_read = False
+        if self._read_heads:
+            self._read_heads = []
+        prior = 0 if in_body else self._head_bytes  # of the head this read began in
         if not in_body:
             self._head_bytes += self._read_len
         idle = self.timeout_keep_alive_task is not None  # between requests: see below
@@ -202,6 +206,8 @@ class LimitedHttpProtocol(RefusingProtocol):
             return
         if self._in_head:
             if self._head_begun:  # a head is still arriving
+                if self._begun_in_read:  # after a request ended in this read
+                    self._head_bytes = self._head_part(prior)
                 limit = self.limits.max_header_bytes
                 if self._head_bytes > limit:
                     self._refuse(
@@ -228,7 +234,7 @@ class LimitedHttpProtocol(RefusingProtocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
-        self._head_begun = True
+        self._head_begun = self._begun_in_read = True
         super().on_message_begin()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -269,6 +275,7 @@ class LimitedHttpProtocol(RefusingProtocol):
             head_size(self.parser.get_method(), self.url, self.headers) > limit
         ):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
+        self._read_heads.append((self.parser.get_method(), self.url, self.headers))
         version = self.parser.get_http_version()
         refuse_framing(self.headers, version)
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
@@ -312,6 +319,18 @@ class LimitedHttpProtocol(RefusingProtocol):
         cancel(self._body_timer)
         self._body_timer = None
         super().on_message_complete()
+
+    def _head_part(self, prior: int) -> int:
+        """The bytes of this read in the head it ended inside, one that began in it (a
+        request before it ended in the read): the read less its body bytes and the heads
+        that ended in it (`head_size`; the first one's `prior` bytes came in earlier
+        reads). Only reads that began in a head were counted, and reset when a request
+        ended: a pipelined head that came with the end of the previous request (up to a
+        256 KiB read) was never counted, and heads past the limit were served."""
+        part = self._read_len - self._body_read
+        for place, head in enumerate(self._read_heads):
+            part -= head_size(*head) - (prior if place == 0 else 0)
+        return part
 
     def _framing_too_long(self, *, head_ended: bool) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head

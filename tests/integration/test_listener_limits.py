@@ -334,6 +334,20 @@ def test_a_head_split_over_reads_is_counted_whole() -> None:
     assert parse(_feed([small[i : i + 1000] for i in range(0, len(small), 1000)]))[0] == 200
 
 
+def test_a_pipelined_head_begun_in_the_read_that_ended_a_body_is_counted() -> None:
+    """A head that begins in a read which began in the previous request's body counts
+    from that read: only reads that began in a head were added, so the part that came
+    with the body's end (up to a read, 256 KiB) was never counted, and a 40 KB head
+    whose last bytes came apart was served past a 32 KiB limit."""
+    first = b"POST / HTTP/1.1\r\ncontent-length: 4\r\n\r\nab"
+    second = b"GET / HTTP/1.1\r\nx-a: " + b"a" * 40_000
+    out = _feed([first, b"cd" + second, b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 1 and out.count(b"HTTP/1.1 431") == 1
+    # a small pipelined head that way is served
+    out = _feed([first, b"cd" + second[:-39_000], b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 2
+
+
 def test_a_small_head_in_one_read_with_a_large_body_is_served() -> None:
     """The read is over the limit but the head is not: only the head counts."""
     body = b"x" * 200_000
