@@ -207,7 +207,7 @@ class LimitedHttpProtocol(RefusingProtocol):
         if self._in_head:
             if self._head_begun:  # a head is still arriving
                 if self._begun_in_read:  # after a request ended in this read
-                    self._head_bytes = self._head_part(prior)
+                    self._head_bytes = self._past_heads(prior)
                 limit = self.limits.max_header_bytes
                 if self._head_bytes > limit:
                     self._refuse(
@@ -226,7 +226,7 @@ class LimitedHttpProtocol(RefusingProtocol):
                     self.limits.header_timeout_s, self._head_late
                 )
         else:  # a body is still arriving
-            if self._framing_too_long(head_ended=not in_body):
+            if self._framing_too_long(prior):
                 return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
@@ -320,33 +320,28 @@ class LimitedHttpProtocol(RefusingProtocol):
         self._body_timer = None
         super().on_message_complete()
 
-    def _head_part(self, prior: int) -> int:
-        """The bytes of this read in the head it ended inside, one that began in it (a
-        request before it ended in the read): the read less its body bytes and the heads
-        that ended in it (`head_size`; the first one's `prior` bytes came in earlier
-        reads). Only reads that began in a head were counted, and reset when a request
-        ended: a pipelined head that came with the end of the previous request (up to a
-        256 KiB read) was never counted, and heads past the limit were served."""
+    def _past_heads(self, prior: int) -> int:
+        """The bytes of this read that are neither body bytes nor part of a head that
+        ended in it (`head_size`, spaces around values not counted, so a little more may
+        be counted; of the first such head, `prior` bytes came in earlier reads): the
+        framing after the body bytes, or the head this read ends inside. Only reads that
+        began in a head were counted for a head, the count reset when a request ended,
+        and only reads that began in a body for framing: a pipelined head that came with
+        the previous request's end, or framing that came with the head, was never
+        counted (up to a read, 256 KiB), and heads past the limit were served."""
         part = self._read_len - self._body_read
         for place, head in enumerate(self._read_heads):
             part -= head_size(*head) - (prior if place == 0 else 0)
         return part
 
-    def _framing_too_long(self, *, head_ended: bool) -> bool:
+    def _framing_too_long(self, prior: int) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
-        chunks are fine; a read that carried body data counts from its own total. So does
-        the read that ended the head (`head_ended`), less that head's bytes in it: counted
-        from the next read only, framing that came with the head went past the limit
-        unseen (a read holds up to 256 KiB). The head's size is its fields' (`head_size`,
-        spaces around values not counted), so what is counted may be a little more."""
-        framing = self._read_len - self._body_read
-        if head_ended:
-            earlier = max(0, self._head_bytes - self._read_len)  # of reads before this one
-            sent = head_size(self.parser.get_method(), self.url, self.headers)
-            framing -= max(0, sent - earlier)
-        if self._body_read or head_ended:
+        chunks are fine; a read that carried body data, or a head's end, counts from its
+        own total (`_past_heads`)."""
+        framing = self._past_heads(prior)
+        if self._body_read or self._read_heads:
             self._framing = framing
         else:
             self._framing += framing

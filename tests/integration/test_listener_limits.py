@@ -343,6 +343,9 @@ def test_a_pipelined_head_begun_in_the_read_that_ended_a_body_is_counted() -> No
     second = b"GET / HTTP/1.1\r\nx-a: " + b"a" * 40_000
     out = _feed([first, b"cd" + second, b"\r\n\r\n"])
     assert out.count(b"HTTP/1.1 200") == 1 and out.count(b"HTTP/1.1 431") == 1
+    # the same after a whole request in that read (the count was reset when it ended)
+    out = _feed([b"GET / HTTP/1.1\r\n\r\n" + second, b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 1 and out.count(b"HTTP/1.1 431") == 1
     # a small pipelined head that way is served
     out = _feed([first, b"cd" + second[:-39_000], b"\r\n\r\n"])
     assert out.count(b"HTTP/1.1 200") == 2
