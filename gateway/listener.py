@@ -179,9 +179,12 @@ class LimitedHttpProtocol(RefusingProtocol):
             return
         self._read_len = len(data)
         in_body = not self._in_head
-        if in_body:
-            self._body_read = 0
-        else:
+        self._body_read = 0
+        self._begun_in_read = False
+        if self._read_heads:
+            self._read_heads = []
+        prior = 0 if in_body else self._head_bytes  # of the head this read began in
+        if not in_body:
             self._head_bytes += self._read_len
         idle = self.timeout_keep_alive_task is not None  # between requests: see below
         self._unset_keepalive_if_required()
@@ -203,6 +206,8 @@ class LimitedHttpProtocol(RefusingProtocol):
             return
         if self._in_head:
             if self._head_begun:  # a head is still arriving
+                if self._begun_in_read:  # after a request ended in this read
+                    self._head_bytes = self._past_heads(prior)
                 limit = self.limits.max_header_bytes
                 if self._head_bytes > limit:
                     self._refuse(
@@ -221,7 +226,7 @@ class LimitedHttpProtocol(RefusingProtocol):
                     self.limits.header_timeout_s, self._head_late
                 )
         else:  # a body is still arriving
-            if in_body and self._framing_too_long():
+            if self._framing_too_long(prior):
                 return
             if self._body_timer is None:
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
@@ -229,7 +234,7 @@ class LimitedHttpProtocol(RefusingProtocol):
     # parser callbacks
 
     def on_message_begin(self) -> None:
-        self._head_begun = True
+        self._head_begun = self._begun_in_read = True
         super().on_message_begin()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -270,6 +275,7 @@ class LimitedHttpProtocol(RefusingProtocol):
             head_size(self.parser.get_method(), self.url, self.headers) > limit
         ):
             raise Refusal(ErrorCode.headers_too_large, "header_bytes", too_long_message(limit))
+        self._read_heads.append((self.parser.get_method(), self.url, self.headers))
         version = self.parser.get_http_version()
         refuse_framing(self.headers, version)
         super().on_headers_complete()  # may raise too (a URL it cannot parse): still a head
@@ -314,15 +320,31 @@ class LimitedHttpProtocol(RefusingProtocol):
         self._body_timer = None
         super().on_message_complete()
 
-    def _framing_too_long(self) -> bool:
+    def _past_heads(self, prior: int) -> int:
+        """The bytes of this read that are neither body bytes nor part of a head that
+        ended in it (`head_size`, spaces around values not counted, so a little more may
+        be counted; of the first such head, `prior` bytes came in earlier reads): the
+        framing after the body bytes, or the head this read ends inside. Only reads that
+        began in a head were counted for a head, the count reset when a request ended,
+        and only reads that began in a body for framing: a pipelined head that came with
+        the previous request's end, or framing that came with the head, was never
+        counted (up to a read, 256 KiB), and heads past the limit were served."""
+        part = self._read_len - self._body_read
+        for place, head in enumerate(self._read_heads):
+            part -= head_size(*head) - (prior if place == 0 else 0)
+        return part
+
+    def _framing_too_long(self, prior: int) -> bool:
         """Refuse (431) a chunked body whose bytes between body data grow past the head
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
-        chunks are fine; a read that carried body data counts from its own total."""
-        if self._body_read:
-            self._framing = self._read_len - self._body_read
+        chunks are fine; a read that carried body data, or a head's end, counts from its
+        own total (`_past_heads`)."""
+        framing = self._past_heads(prior)
+        if self._body_read or self._read_heads:
+            self._framing = framing
         else:
-            self._framing += self._read_len
+            self._framing += framing
         limit = self.limits.max_header_bytes
         if self._framing <= limit:
             return False

@@ -49,6 +49,9 @@ class RefusingProtocol(HttpToolsProtocol):
         self._in_head = True  # the next bytes belong to a request head
         self._head_begun = False  # ... and some of them have arrived
         self._head_bytes = 0  # bytes of reads that began inside the current head
+        self._begun_in_read = False  # a head began in the read being parsed
+        # (method, url, fields) of each head that ended in the read being parsed
+        self._read_heads: list[tuple[bytes, bytes, list[tuple[bytes, bytes]]]] = []
         self._read_len = 0  # length of the read being parsed
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None

@@ -84,6 +84,10 @@ _ONE_CHOICE_STREAMS: Final = (
     "1 on a stream from a hosted provider (its adapter relays one choice's finish reason); "
     "ask without `stream` for several choices"
 )
+# The gateway counts a whole answer's choices against `n` (hosted_finish.py `short_of`):
+# below 1, no answer meets it, and a provider that answered its one choice (Gemini reads
+# candidateCount 0 as unset) was 502 `upstream_error`, blamed for the client's `n`.
+_AT_LEAST_ONE: Final = "an integer of at least 1 (the choices asked for)"
 # The field each endpoint requires (the same reference). LiteLLM 1.108.7 calls a text
 # completion without `prompt` and fails on its own (`APIConnectionError`), which read as
 # the provider failing: 503 and the next backend tried, for the client's mistake.
@@ -150,8 +154,8 @@ def request_params(endpoint: Endpoint, doc: Mapping[str, Any]) -> dict[str, Any]
     but `include_usage`, that asks for something (unsent_fields.py `refuse_unsent`);
     `InvalidField` for a field of the wrong JSON type, a malformed message, a missing
     required field (`messages`, `prompt`, `input`), a schema whose `$ref`s would expand
-    past `schema_refs.MAX_INLINED` values, or a stream of several choices (`n` > 1:
-    `_ONE_CHOICE_STREAMS`).
+    past `schema_refs.MAX_INLINED` values, fewer than one choice (`n` < 1), or a stream
+    of several choices (`n` > 1: `_ONE_CHOICE_STREAMS`).
     Streams always ask the provider for usage (`stream_options.include_usage`): the
     gateway accounts for tokens either way, and `encode_chunk` keeps the usage chunk
     from clients that did not ask for it. No other `stream_options` key is sent.
@@ -163,6 +167,8 @@ def request_params(endpoint: Endpoint, doc: Mapping[str, Any]) -> dict[str, Any]
         raise InvalidField(required, "given (the field is required)")
     for name, value in params.items():
         _check_type(name, value, _TYPES.get(name))
+    if params.get("n", 1) < 1:  # an integer by now; `short_of` counts choices by it
+        raise InvalidField("n", _AT_LEAST_ONE)
     check_shapes(endpoint, params)
     check_schema_refs(params)  # `$ref`s an adapter inlines: bounded (schema_refs.py)
     refuse_unsent(endpoint, doc, allowed | _HANDLED, _KNOWN)

@@ -206,6 +206,33 @@ def test_a_request_missing_its_required_field_is_a_400_naming_it(
     assert provider.posts == []
 
 
+@pytest.mark.parametrize("n", [0, -1])
+def test_fewer_than_one_choice_is_a_400_naming_n_never_sent(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    n: int,
+) -> None:
+    # The gateway counts a whole answer's choices against `n`: a provider answering
+    # `n: 0` with its one choice (Gemini reads candidateCount 0 as unset) was 502
+    # `upstream_error`, "held 1 choice(s) where 0 were asked", the provider called and
+    # blamed (its breaker charged, the next backend tried) for the client's mistake.
+    provider = start_raw(json_answer(ANSWER))
+    (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
+    gateway = start_gateway(
+        [hosted_backend("hosted", provider.url + "/v1", "m")],
+        policy={"paths": [str(tmp_path)]},
+        environ={"HOSTED_KEY": "test-key"},
+    )
+    path, body = REQUESTS["chat"]
+    response = httpx.post(
+        gateway.url + path, json={"model": "m", **body, "n": n}, headers=gateway.headers, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "n"
+    assert provider.posts == []
+
+
 _FLOOD_BYTES = 64 << 20  # what the provider would write, were it never held back
 
 

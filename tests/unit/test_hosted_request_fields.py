@@ -143,6 +143,20 @@ def test_a_stream_of_several_choices_is_the_clients_error(
     assert error.value.param == "n"
 
 
+@pytest.mark.parametrize("n", [0, -1, -(2**63)])
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_fewer_than_one_choice_is_the_clients_error(endpoint: str, n: int, stream: bool) -> None:
+    # The gateway counts a whole answer's choices against `n` (hosted_finish.py
+    # `short_of`): a provider that answered `n: 0` with its one choice (as Gemini's
+    # candidateCount reads 0 as unset) was a 502 `upstream_error` blamed on it, its
+    # breaker charged and the next backend called, for the client's malformed `n`.
+    with pytest.raises(InvalidField) as error:
+        request_params(endpoint, ask(endpoint, n=n, stream=stream))  # type: ignore[arg-type]
+    assert error.value.param == "n"
+    assert request_params(endpoint, ask(endpoint, n=1, stream=stream))["n"] == 1  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
