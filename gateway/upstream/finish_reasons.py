@@ -18,7 +18,14 @@ What is relayed (docs/api.md):
   `content_filter`); any other reason, or none, ends nothing (`openai_relayed` None);
 - Gemini's and Vertex AI's `finishReason` (`GEMINI_FINISHED`), as LiteLLM maps them;
 - Bedrock Converse's `stopReason` (`CONVERSE_FINISHED`), as LiteLLM maps them but
-  `model_context_window_exceeded`, relayed as `length` (`CONVERSE_RELABELED`).
+  `model_context_window_exceeded`, relayed as `length` (`CONVERSE_RELABELED`);
+- Cohere's chat `finish_reason` (`COHERE_FINISHED`, v1 and v2 alike, on the
+  `COHERE_ROUTES`): LiteLLM 1.108.7 reads none of a whole answer's (every one was
+  `"stop"`, `MAX_TOKENS` and `TOOL_CALL` too) and maps a stream's with
+  `map_finish_reason` (`ERROR` and `TIMEOUT` `"stop"`). `COMPLETE` and `STOP_SEQUENCE`
+  are `stop`, `MAX_TOKENS` and v1's `ERROR_LIMIT` (the context window) `length`,
+  `TOOL_CALL` `tool_calls`, v1's `ERROR_TOXIC` `content_filter`; `ERROR`, `TIMEOUT`, v1's
+  `USER_CANCEL`, none or one unknown ends nothing.
 
 An answer that did not end is the provider's failure: a whole one 502 `upstream_error`
 (gateway/upstream/hosted_finish.py), a stream one closed before it finished, with the
@@ -31,6 +38,8 @@ from collections.abc import Mapping
 from typing import Final
 
 __all__ = [
+    "COHERE_FINISHED",
+    "COHERE_ROUTES",
     "CONVERSE_FINISHED",
     "CONVERSE_RELABELED",
     "GEMINI_FINISHED",
@@ -97,6 +106,19 @@ CONVERSE_FINISHED: Final = frozenset(
 )
 # Those LiteLLM 1.108.7 maps otherwise (to `stop`), and what they are relayed as.
 CONVERSE_RELABELED: Final[Mapping[str, str]] = {"model_context_window_exceeded": "length"}
+
+# Cohere's chat `finish_reason`s that end an answer (v1's and v2's, docs.cohere.com "Chat"),
+# and the OpenAI reason each is relayed as; and the `provider_model` prefixes LiteLLM
+# sends to Cohere's chat API (both: `_complete_cohere_chat`, v1 when the model names `v1/`).
+COHERE_FINISHED: Final[Mapping[str, str]] = {
+    "COMPLETE": "stop",
+    "STOP_SEQUENCE": "stop",
+    "MAX_TOKENS": "length",
+    "ERROR_LIMIT": "length",  # v1: the model's context limit
+    "TOOL_CALL": "tool_calls",  # v2
+    "ERROR_TOXIC": "content_filter",  # v1
+}
+COHERE_ROUTES: Final = frozenset({"cohere", "cohere_chat"})
 
 
 def openai_relayed(reason: object) -> str | None:
