@@ -25,7 +25,13 @@ What is relayed (docs/api.md):
   `map_finish_reason` (`ERROR` and `TIMEOUT` `"stop"`). `COMPLETE` and `STOP_SEQUENCE`
   are `stop`, `MAX_TOKENS` and v1's `ERROR_LIMIT` (the context window) `length`,
   `TOOL_CALL` `tool_calls`, v1's `ERROR_TOXIC` `content_filter`; `ERROR`, `TIMEOUT`, v1's
-  `USER_CANCEL`, none or one unknown ends nothing.
+  `USER_CANCEL`, none or one unknown ends nothing;
+- a Responses API answer (a chat LiteLLM bridges to it: gateway/upstream/responses_bridge.py)
+  by its `status` (`responses_unfinished`): `completed` ends it (LiteLLM's `stop` or
+  `tool_calls`), `incomplete` only for an `incomplete_details.reason` LiteLLM maps to what
+  it means (`RESPONSES_INCOMPLETE`: `max_output_tokens` `length`, `content_filter`); an
+  incomplete one without a reason (LiteLLM: `length`), `failed` without an error object,
+  `cancelled`, `in_progress`, `queued` (LiteLLM: `stop`), none or another ends nothing.
 
 An answer that did not end is the provider's failure: a whole one 502 `upstream_error`
 (gateway/upstream/hosted_finish.py), a stream one closed before it finished, with the
@@ -46,8 +52,11 @@ __all__ = [
     "NOT_ENDED",
     "NO_REASON",
     "OPENAI_FINISHED",
+    "RESPONSES_INCOMPLETE",
     "not_finished",
     "openai_relayed",
+    "responses_incomplete",
+    "responses_unfinished",
 ]
 
 NO_REASON: Final = "ended without a finish reason (unfinished)"
@@ -119,6 +128,11 @@ COHERE_FINISHED: Final[Mapping[str, str]] = {
     "ERROR_TOXIC": "content_filter",  # v1
 }
 COHERE_ROUTES: Final = frozenset({"cohere", "cohere_chat"})
+# A Responses API answer's `incomplete_details.reason`s that end it, and what each is relayed as.
+RESPONSES_INCOMPLETE: Final[Mapping[str, str]] = {
+    "max_output_tokens": "length",
+    "content_filter": "content_filter",
+}
 
 
 def openai_relayed(reason: object) -> str | None:
@@ -137,3 +151,24 @@ def not_finished(
     if not all(isinstance(reason, str) and reason in finished for reason in reasons):
         return NOT_ENDED
     return None
+
+
+def responses_unfinished(response: Mapping[str, object]) -> str | None:
+    """Why a Responses API answer (`response`: its object, whole or a stream's terminal
+    event's) is unfinished, by its `status`; None when it ended (see the module's notes)."""
+    status = response.get("status")
+    if status == "completed":
+        return None
+    if status == "incomplete":
+        return None if responses_incomplete(response) is not None else NOT_ENDED
+    return NO_REASON if status is None else NOT_ENDED
+
+
+def responses_incomplete(response: Mapping[str, object]) -> str | None:
+    """The finish reason an incomplete Responses API answer is relayed as
+    (`RESPONSES_INCOMPLETE`); None when it is not incomplete for such a reason."""
+    if response.get("status") != "incomplete":
+        return None
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    return RESPONSES_INCOMPLETE.get(reason) if isinstance(reason, str) else None

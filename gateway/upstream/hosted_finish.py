@@ -25,9 +25,14 @@ The provider's own bytes are read by the gateway's bounded read
   ends it (`COHERE_FINISHED`: not `ERROR`, `TIMEOUT`, `USER_CANCEL`, none or one
   unknown), relayed by what it means (`relabel`: LiteLLM read none, every answer `"stop"`).
 
-Another format (a Responses API answer LiteLLM bridged), an answer that is not
-a JSON object, or none read (no `limits.max_response_bytes`) is not judged: LiteLLM's
-`"stop"` may still stand in for nothing there (docs/security.md).
+- a Responses API answer (`"object": "response"`, a chat LiteLLM bridged to that API):
+  a `status` that ends it (`responses_unfinished`: `completed`, or `incomplete` for
+  `max_output_tokens` or `content_filter`; not `failed`, `cancelled`, `in_progress`,
+  `queued`, nor incomplete for no reason, which LiteLLM relayed as `stop` or `length`).
+
+An answer in another format, one that is not a JSON object, or none read (no
+`limits.max_response_bytes`) is not judged: LiteLLM's `"stop"` may still stand in for
+nothing there (docs/security.md).
 Costs one more parse of a whole hosted answer (bounded by `max_response_bytes`).
 
 LiteLLM relays the choices the provider sent, as many as it sent, and renumbers a chat's
@@ -55,6 +60,7 @@ from gateway.upstream.finish_reasons import (
     NO_REASON,
     OPENAI_FINISHED,
     not_finished,
+    responses_unfinished,
 )
 from gateway.upstream.hosted_errors import HostedError
 
@@ -85,6 +91,8 @@ def unfinished(answer: bytes | None, route: str = "") -> str | None:
         return None
     if route in COHERE_ROUTES:  # Cohere's chat, v1 or v2: one `finish_reason`
         return not_finished([doc.get("finish_reason")], COHERE_FINISHED)
+    if doc.get("object") == "response":  # the Responses API's, under LiteLLM's bridge
+        return responses_unfinished(doc)
     choices = doc.get("choices")
     if isinstance(choices, list) and choices:  # OpenAI's wire (finish_reasons.py)
         return not_finished([_openai_reason(c) for c in choices], OPENAI_FINISHED)
