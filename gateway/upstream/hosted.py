@@ -189,7 +189,8 @@ class HostedClient:
             if why is not None:  # LiteLLM's "stop"
                 raise Unfinished(self.provider, why)
             relabel(result, outbound.answer, route)
-            encode = partial(openai_wire.encode_response, endpoint, result)
+            in_base64 = params.get("encoding_format") == "base64"  # openai_wire's notes
+            encode = partial(openai_wire.encode_response, endpoint, result, in_base64=in_base64)
             body, usage = encoded(self.provider, encode)
             short = short_of(endpoint, params, body, outbound.answer)
             if short is not None:  # fewer or other choices than asked
