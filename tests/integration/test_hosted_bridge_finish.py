@@ -156,15 +156,15 @@ def test_a_failed_response_is_a_502_and_its_record_commits_to_nothing(
 
 def stream(terminal: str, done: dict[str, Any]) -> Answer:
     """A Responses stream: created, one text delta, then `terminal` with `done`."""
-    events = [
+    delta = {"output_index": 0, "item_id": "msg_1", "content_index": 0, "delta": "half an ans"}
+    events: list[dict[str, Any]] = [
         {"type": "response.created", "response": {**response("in_progress"), "output": []}},
-        {"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1"}
-        | {"content_index": 0, "delta": "half an ans"},
+        {"type": "response.output_text.delta", **delta},
         {"type": terminal, "response": done},
     ]
     body = b"".join(
         b"event: "
-        + e["type"].encode()
+        + str(e["type"]).encode()
         + b"\ndata: "
         + json.dumps({**e, "sequence_number": n}).encode()
         + b"\n\n"
