@@ -21,7 +21,10 @@ __all__ = ["AWS_SDK_LOGGERS", "EXPORTER_LOGGERS", "REMOTE_WORDS_LOGGERS", "Quiet
 # library's own words: urllib3's warnings quote the far side as their arguments (`Failed to
 # parse headers (url=%s): %s` the header bytes it could not parse, `Certificate did not
 # match expected hostname: %s. Certificate: %s` the peer's certificate, `Retrying (%r) after
-# connection broken by '%r'` a status line it could not read). A filter on the handler, not
+# connection broken by '%r'` a status line it could not read; aiohttp's `aiohttp.internal`,
+# under LiteLLM's calls to hosted providers, `Can not load cookies: Illegal cookie name %r`
+# the name a far side's `Set-Cookie` gave, and its cookie jar's debug lines name cookies
+# and hosts). A filter on the handler, not
 # a logger level: `OPENAI_LOG=debug` sets the SDK's level when it is imported.
 REMOTE_WORDS_LOGGERS: Final = (
     "openai",
@@ -32,6 +35,7 @@ REMOTE_WORDS_LOGGERS: Final = (
     "httpcore2",
     "hpack",
     "urllib3",
+    "aiohttp",
 )
 
 # The AWS SDK, which LiteLLM runs to sign a Bedrock (or SageMaker) call and to fetch its

@@ -23,6 +23,21 @@ What the gateway does (docs/api.md):
   (`unfinished_stop`, read by gateway/upstream/hosted_finish.py from the raw answer: 502
   `upstream_error` as the last attempt). OpenAI's format has no finish reason for a
   paused turn, and the gateway does not send the answer back for the client.
+
+An honest Anthropic stream sends one `message_delta` with its `stop_reason`, then
+`message_stop`, and ends. LiteLLM read no further than the first `message_delta` that
+gave a finish reason (the next line, `event: ...`, was an empty chunk after the finish,
+which ends its stream), so a second one that differs (`end_turn`, then `max_tokens`) was
+never seen: relayed `stop` and `[DONE]`; and it took a second over a first that ends
+nothing (`pause_turn`, then `end_turn`: `stop`). Which one the provider meant cannot be
+told, so a stream whose `message_delta`s give two different stop reasons is unfinished.
+Once a stop reason has come, the parser reads on to `message_stop` (or the stream's end;
+`_READ_ON` lines at most, each within the stream's idle bound) before it hands that chunk
+on, keeping what it read for the chunks after it (`_reading_on`): a second, different
+reason raises `ContradictoryStop` there, and the stream ends with the gateway's error
+event in place of the finish, no `[DONE]` (its record: 502). A repeated reason, or a
+null one after a reason, changes nothing. (The gateway reads LiteLLM's streams
+asynchronously; the parser's sync `__next__` is left as it is.)
 """
 
 from __future__ import annotations
@@ -35,7 +50,13 @@ from typing import Any, Final
 from gateway.json_loads import json_object
 from gateway.upstream.hosted_stream import StreamBoundNotFound
 
-__all__ = ["FINISH_REASONS", "install_stop_reasons", "relabeled", "unfinished_stop"]
+__all__ = [
+    "FINISH_REASONS",
+    "ContradictoryStop",
+    "install_stop_reasons",
+    "relabeled",
+    "unfinished_stop",
+]
 
 # Anthropic's stop reasons that end a turn, and the OpenAI finish reason each is relayed as.
 FINISH_REASONS: Final[Mapping[str, str]] = {
@@ -52,6 +73,16 @@ _RELABELED: Final = frozenset({"model_context_window_exceeded"})
 _PARSER: Final = ("litellm.llms.anthropic.chat.handler", "ModelResponseIterator")
 _METHOD: Final = "_handle_message_delta"
 _INSTALLED: Final = "_owngate_stop_reasons"
+_FIRST_REASON: Final = "_owngate_stop_reason"  # on a parser: the first stop reason it read
+_READ: Final = "_owngate_read_on"  # on a parser: the chunks read on after the first reason
+_STOPPED: Final = "_owngate_message_stop"  # on a parser: `message_stop` came
+# The lines read on after a stop reason: `message_stop` is three (`event:`, `data:`, blank).
+_READ_ON: Final = 64
+
+
+class ContradictoryStop(RuntimeError):
+    """An Anthropic stream gave a second `stop_reason` that differs from its first: which
+    ended the answer cannot be told, so it is unfinished (the gateway's words only)."""
 
 
 def unfinished_stop(stop_reason: object) -> str | None:
@@ -95,6 +126,14 @@ def install_stop_reasons() -> None:
         raise StreamBoundNotFound(f"{_PARSER[0]}.{_PARSER[1]}.{_METHOD} is not a method")
     if not getattr(method, _INSTALLED, False):
         setattr(parser, _METHOD, _stopping(method))
+    for name, wrap in (("chunk_parser", _noting_stop), ("__anext__", _reading_on)):
+        handle = getattr(parser, name, None)
+        if not callable(handle):
+            raise StreamBoundNotFound(f"{_PARSER[0]}.{_PARSER[1]}.{name} is not a method")
+        if not getattr(handle, _INSTALLED, False):
+            wrapped = functools.wraps(handle)(wrap(handle))
+            setattr(wrapped, _INSTALLED, True)
+            setattr(parser, name, wrapped)
 
 
 def _stopping(handle: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,6 +144,7 @@ def _stopping(handle: Callable[..., Any]) -> Callable[..., Any]:
             raise StreamBoundNotFound(f"LiteLLM's {_METHOD} returned no (finish_reason, ...)")
         delta = chunk.get("delta") if isinstance(chunk, dict) else None
         reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+        _one_reason(parser, reason)
         if unfinished_stop(reason) is not None:
             return (None, *handled[1:])  # no finish reason: the stream ends unfinished
         if reason in _RELABELED:
@@ -113,3 +153,49 @@ def _stopping(handle: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(stopping, _INSTALLED, True)
     return stopping
+
+
+def _one_reason(parser: Any, reason: object) -> None:
+    """Remember the first stop reason `parser`'s stream gave; raise `ContradictoryStop`
+    when `reason` is another (a null one names none)."""
+    if reason is None:
+        return
+    first = getattr(parser, _FIRST_REASON, None)
+    if first is None:
+        setattr(parser, _FIRST_REASON, reason)
+    elif first != reason:
+        raise ContradictoryStop("the stream gave two different stop reasons (unfinished)")
+
+
+def _noting_stop(parse: Callable[..., Any]) -> Callable[..., Any]:
+    def parsed(parser: Any, chunk: Any) -> Any:
+        if isinstance(chunk, dict) and chunk.get("type") == "message_stop":
+            setattr(parser, _STOPPED, True)
+        return parse(parser, chunk)
+
+    return parsed
+
+
+def _reading_on(anext: Callable[..., Any]) -> Callable[..., Any]:
+    async def reading_on(parser: Any) -> Any:
+        read = getattr(parser, _READ, None)
+        if read:  # what was read on: handed on in order
+            return read.pop(0)
+        chunk = await anext(parser)
+        if read is None and getattr(parser, _FIRST_REASON, None) is not None:
+            setattr(parser, _READ, await _read_on(anext, parser))
+        return chunk
+
+    return reading_on
+
+
+async def _read_on(anext: Callable[..., Any], parser: Any) -> list[Any]:
+    """The chunks after a stop reason, up to `message_stop` or the end of the stream
+    (`_READ_ON` at most): a `message_delta` among them is checked (`_one_reason`)."""
+    read: list[Any] = []
+    while len(read) < _READ_ON and not getattr(parser, _STOPPED, False):
+        try:
+            read.append(await anext(parser))
+        except StopAsyncIteration:
+            break
+    return read

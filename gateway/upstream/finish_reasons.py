@@ -18,7 +18,20 @@ What is relayed (docs/api.md):
   `content_filter`); any other reason, or none, ends nothing (`openai_relayed` None);
 - Gemini's and Vertex AI's `finishReason` (`GEMINI_FINISHED`), as LiteLLM maps them;
 - Bedrock Converse's `stopReason` (`CONVERSE_FINISHED`), as LiteLLM maps them but
-  `model_context_window_exceeded`, relayed as `length` (`CONVERSE_RELABELED`).
+  `model_context_window_exceeded`, relayed as `length` (`CONVERSE_RELABELED`);
+- Cohere's chat `finish_reason` (`COHERE_FINISHED`, v1 and v2 alike, on the
+  `COHERE_ROUTES`): LiteLLM 1.108.7 reads none of a whole answer's (every one was
+  `"stop"`, `MAX_TOKENS` and `TOOL_CALL` too) and maps a stream's with
+  `map_finish_reason` (`ERROR` and `TIMEOUT` `"stop"`). `COMPLETE` and `STOP_SEQUENCE`
+  are `stop`, `MAX_TOKENS` and v1's `ERROR_LIMIT` (the context window) `length`,
+  `TOOL_CALL` `tool_calls`, v1's `ERROR_TOXIC` `content_filter`; `ERROR`, `TIMEOUT`, v1's
+  `USER_CANCEL`, none or one unknown ends nothing;
+- a Responses API answer (a chat LiteLLM bridges to it: gateway/upstream/responses_bridge.py)
+  by its `status` (`responses_unfinished`): `completed` ends it (LiteLLM's `stop` or
+  `tool_calls`), `incomplete` only for an `incomplete_details.reason` LiteLLM maps to what
+  it means (`RESPONSES_INCOMPLETE`: `max_output_tokens` `length`, `content_filter`); an
+  incomplete one without a reason (LiteLLM: `length`), `failed` without an error object,
+  `cancelled`, `in_progress`, `queued` (LiteLLM: `stop`), none or another ends nothing.
 
 An answer that did not end is the provider's failure: a whole one 502 `upstream_error`
 (gateway/upstream/hosted_finish.py), a stream one closed before it finished, with the
@@ -31,14 +44,19 @@ from collections.abc import Mapping
 from typing import Final
 
 __all__ = [
+    "COHERE_FINISHED",
+    "COHERE_ROUTES",
     "CONVERSE_FINISHED",
     "CONVERSE_RELABELED",
     "GEMINI_FINISHED",
     "NOT_ENDED",
     "NO_REASON",
     "OPENAI_FINISHED",
+    "RESPONSES_INCOMPLETE",
     "not_finished",
     "openai_relayed",
+    "responses_incomplete",
+    "responses_unfinished",
 ]
 
 NO_REASON: Final = "ended without a finish reason (unfinished)"
@@ -98,6 +116,24 @@ CONVERSE_FINISHED: Final = frozenset(
 # Those LiteLLM 1.108.7 maps otherwise (to `stop`), and what they are relayed as.
 CONVERSE_RELABELED: Final[Mapping[str, str]] = {"model_context_window_exceeded": "length"}
 
+# Cohere's chat `finish_reason`s that end an answer (v1's and v2's, docs.cohere.com "Chat"),
+# and the OpenAI reason each is relayed as; and the `provider_model` prefixes LiteLLM
+# sends to Cohere's chat API (both: `_complete_cohere_chat`, v1 when the model names `v1/`).
+COHERE_FINISHED: Final[Mapping[str, str]] = {
+    "COMPLETE": "stop",
+    "STOP_SEQUENCE": "stop",
+    "MAX_TOKENS": "length",
+    "ERROR_LIMIT": "length",  # v1: the model's context limit
+    "TOOL_CALL": "tool_calls",  # v2
+    "ERROR_TOXIC": "content_filter",  # v1
+}
+COHERE_ROUTES: Final = frozenset({"cohere", "cohere_chat"})
+# A Responses API answer's `incomplete_details.reason`s that end it, and what each is relayed as.
+RESPONSES_INCOMPLETE: Final[Mapping[str, str]] = {
+    "max_output_tokens": "length",
+    "content_filter": "content_filter",
+}
+
 
 def openai_relayed(reason: object) -> str | None:
     """The finish reason relayed for `reason`, a choice's on OpenAI's wire; None when it
@@ -115,3 +151,24 @@ def not_finished(
     if not all(isinstance(reason, str) and reason in finished for reason in reasons):
         return NOT_ENDED
     return None
+
+
+def responses_unfinished(response: Mapping[str, object]) -> str | None:
+    """Why a Responses API answer (`response`: its object, whole or a stream's terminal
+    event's) is unfinished, by its `status`; None when it ended (see the module's notes)."""
+    status = response.get("status")
+    if status == "completed":
+        return None
+    if status == "incomplete":
+        return None if responses_incomplete(response) is not None else NOT_ENDED
+    return NO_REASON if status is None else NOT_ENDED
+
+
+def responses_incomplete(response: Mapping[str, object]) -> str | None:
+    """The finish reason an incomplete Responses API answer is relayed as
+    (`RESPONSES_INCOMPLETE`); None when it is not incomplete for such a reason."""
+    if response.get("status") != "incomplete":
+        return None
+    details = response.get("incomplete_details")
+    reason = details.get("reason") if isinstance(details, dict) else None
+    return RESPONSES_INCOMPLETE.get(reason) if isinstance(reason, str) else None

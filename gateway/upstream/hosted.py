@@ -184,11 +184,13 @@ class HostedClient:
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):
-            why = None if endpoint == "embeddings" else unfinished(outbound.answer)
+            route = provider_model.partition("/")[0]  # judges Cohere's format (hosted_finish)
+            why = None if endpoint == "embeddings" else unfinished(outbound.answer, route)
             if why is not None:  # LiteLLM's "stop"
                 raise Unfinished(self.provider, why)
-            relabel(result, outbound.answer)
-            encode = partial(openai_wire.encode_response, endpoint, result)
+            relabel(result, outbound.answer, route)
+            in_base64 = params.get("encoding_format") == "base64"  # openai_wire's notes
+            encode = partial(openai_wire.encode_response, endpoint, result, in_base64=in_base64)
             body, usage = encoded(self.provider, encode)
             short = short_of(endpoint, params, body, outbound.answer)
             if short is not None:  # fewer or other choices than asked

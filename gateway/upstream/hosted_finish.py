@@ -20,11 +20,19 @@ The provider's own bytes are read by the gateway's bounded read
 - Gemini's and Vertex AI's (`candidates`): each a `finishReason` that ends the answer
   (`GEMINI_FINISHED`: not null, nor `MALFORMED_FUNCTION_CALL` and the others LiteLLM
   relays as `"stop"`);
-- Bedrock Converse's (`output`, `stopReason`): a `stopReason` that ends it.
+- Bedrock Converse's (`output`, `stopReason`): a `stopReason` that ends it;
+- Cohere's chat (v1 and v2, judged by the route, `COHERE_ROUTES`): a `finish_reason` that
+  ends it (`COHERE_FINISHED`: not `ERROR`, `TIMEOUT`, `USER_CANCEL`, none or one
+  unknown), relayed by what it means (`relabel`: LiteLLM read none, every answer `"stop"`).
 
-Another format (Cohere's, a Responses API answer LiteLLM bridged), an answer that is not
-a JSON object, or none read (no `limits.max_response_bytes`) is not judged: LiteLLM's
-`"stop"` may still stand in for nothing there (docs/security.md).
+- a Responses API answer (`"object": "response"`, a chat LiteLLM bridged to that API):
+  a `status` that ends it (`responses_unfinished`: `completed`, or `incomplete` for
+  `max_output_tokens` or `content_filter`; not `failed`, `cancelled`, `in_progress`,
+  `queued`, nor incomplete for no reason, which LiteLLM relayed as `stop` or `length`).
+
+An answer in another format, one that is not a JSON object, or none read (no
+`limits.max_response_bytes`) is not judged: LiteLLM's `"stop"` may still stand in for
+nothing there (docs/security.md).
 Costs one more parse of a whole hosted answer (bounded by `max_response_bytes`).
 
 LiteLLM relays the choices the provider sent, as many as it sent, and renumbers a chat's
@@ -45,11 +53,14 @@ from typing import Any
 from gateway.json_loads import json_object
 from gateway.upstream.anthropic_stops import relabeled, unfinished_stop
 from gateway.upstream.finish_reasons import (
+    COHERE_FINISHED,
+    COHERE_ROUTES,
     CONVERSE_FINISHED,
     GEMINI_FINISHED,
     NO_REASON,
     OPENAI_FINISHED,
     not_finished,
+    responses_unfinished,
 )
 from gateway.upstream.hosted_errors import HostedError
 
@@ -69,14 +80,19 @@ class Unfinished(HostedError):
         )
 
 
-def unfinished(answer: bytes | None) -> str | None:
-    """Why `answer` (a provider's whole 2xx body) is, in a format named above, one whose
-    provider did not finish it: a choice of OpenAI's wire without a reason that ends it, an
-    Anthropic answer whose `stop_reason` ends no turn (gateway/upstream/anthropic_stops.py);
-    None when it finished or is not judged."""
+def unfinished(answer: bytes | None, route: str = "") -> str | None:
+    """Why `answer` (a provider's whole 2xx body, from a `provider_model` whose prefix is
+    `route`) is, in a format named above, one whose provider did not finish it: a choice
+    of OpenAI's wire without a reason that ends it, an Anthropic answer whose
+    `stop_reason` ends no turn (gateway/upstream/anthropic_stops.py); None when it
+    finished or is not judged."""
     doc = json_object(answer)
     if doc is None:
         return None
+    if route in COHERE_ROUTES:  # Cohere's chat, v1 or v2: one `finish_reason`
+        return not_finished([doc.get("finish_reason")], COHERE_FINISHED)
+    if doc.get("object") == "response":  # the Responses API's, under LiteLLM's bridge
+        return responses_unfinished(doc)
     choices = doc.get("choices")
     if isinstance(choices, list) and choices:  # OpenAI's wire (finish_reasons.py)
         return not_finished([_openai_reason(c) for c in choices], OPENAI_FINISHED)
@@ -104,21 +120,29 @@ def _openai_reason(choice: object) -> object:
     return reason
 
 
-def relabel(result: Any, answer: bytes | None) -> None:
+def relabel(result: Any, answer: bytes | None, route: str = "") -> None:
     """Give `result` (LiteLLM's whole answer) the finish reasons its provider's raw
     `answer` says where LiteLLM's say otherwise: Anthropic's and Converse's
-    (anthropic_stops.py `relabeled`), and each choice's on OpenAI's wire (Mistral's
-    `model_length`, LiteLLM's `"stop"`, is `length`). LiteLLM keeps a provider's choices
-    in their order."""
+    (anthropic_stops.py `relabeled`), Cohere's (on its `route`s), and each choice's on
+    OpenAI's wire (Mistral's `model_length`, LiteLLM's `"stop"`, is `length`). LiteLLM
+    keeps a provider's choices in their order."""
     choices = getattr(result, "choices", None)
     if not isinstance(choices, list):
         return
-    reason = relabeled(answer)
+    reason = _cohere_relabeled(answer) if route in COHERE_ROUTES else relabeled(answer)
     if reason is not None and len(choices) == 1:
         choices[0].finish_reason = reason
     for place, relayed in _openai_relabeled(answer):
         if place < len(choices):
             choices[place].finish_reason = relayed
+
+
+def _cohere_relabeled(answer: bytes | None) -> str | None:
+    """The finish reason a whole Cohere chat answer is relayed with (`COHERE_FINISHED`),
+    where LiteLLM gave `"stop"` whatever it was; None for one that ends nothing."""
+    doc = json_object(answer)
+    reason = doc.get("finish_reason") if doc is not None else None
+    return COHERE_FINISHED.get(reason) if isinstance(reason, str) else None
 
 
 def _openai_relabeled(answer: bytes | None) -> list[tuple[int, str]]:

@@ -39,9 +39,10 @@ of Anthropic's Messages body, which a provider ignoring them answered without): 
 refused unless at its default (`_refuse_text_only`). An embeddings request's `dimensions`
 was dropped for a model LiteLLM does not think takes it (`openai/<not text-embedding-3>`,
 Mistral): it is refused there, by LiteLLM's own mapping (`get_optional_params_embeddings`,
-asked once per model: a pure function). `encoding_format` is not judged: an adapter that
-drops it (Gemini, Vertex AI) answers floats, which the answer itself shows (and the OpenAI
-SDK reads either), and `user` is advisory.
+asked once per model: a pure function). `encoding_format` is not refused: an adapter that
+drops it (Gemini, Vertex AI) answers floats, which gateway/upstream/openai_wire.py writes
+in base64 when that was asked (the OpenAI SDKs' default: a refusal would fail them all),
+and `user` is advisory.
 
 Not covered (docs/security.md): a value LiteLLM's adapter drops though the field is
 supported (`temperature` other than 1 on `openai/gpt-5`).

@@ -6,10 +6,22 @@ LiteLLM-only usage counters, `None` for fields the provider did not send). They 
 dumped once, those additions dropped, and the OpenAI shape restored where LiteLLM departs
 from it (a stream's usage chunk has `choices: []`; a chunk choice always has
 `finish_reason`; a text completion's text is never null).
+
+An embeddings request's `encoding_format: "base64"` (what the OpenAI SDKs send unless told
+otherwise) is dropped by the adapters that have no such option (Gemini's, Vertex AI's:
+LiteLLM 1.108.7's mapping leaves it out without a word), whose answer is floats: the
+client asked for base64 and got a list. Such an answer's vectors are given as OpenAI gives
+them (`base64_embedding`: each number as a little-endian float32, the bytes in base64),
+so the client gets the encoding it asked for whichever adapter served it; a vector the
+provider sent as base64 already is left as it is.
 """
 
 from __future__ import annotations
 
+import array
+import base64
+import math
+import sys
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
@@ -20,6 +32,7 @@ from gateway.canonical import MAX_SAFE_INTEGER
 __all__ = [
     "DONE",
     "Endpoint",
+    "base64_embedding",
     "encode_chunk",
     "encode_response",
     "include_usage",
@@ -49,14 +62,20 @@ def include_usage(doc: Mapping[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def encode_response(endpoint: Endpoint, result: Any) -> tuple[bytes, dict[str, int] | None]:
-    """The OpenAI JSON body for a LiteLLM non-streaming result, and its token usage."""
+def encode_response(
+    endpoint: Endpoint, result: Any, *, in_base64: bool = False
+) -> tuple[bytes, dict[str, int] | None]:
+    """The OpenAI JSON body for a LiteLLM non-streaming result, and its token usage;
+    an embedding given as a list of numbers is written in base64 when `in_base64` (the
+    client asked `encoding_format: "base64"`)."""
     doc = _dump(result)
     usage = usage_of(doc.get("usage"))
     if endpoint == "embeddings":
         for item in doc.get("data") or ():
             if isinstance(item, dict):
                 item.setdefault("object", "embedding")
+                if in_base64 and isinstance(item.get("embedding"), list):
+                    item["embedding"] = base64_embedding(item["embedding"])
         if usage is not None:
             doc["usage"] = {
                 "prompt_tokens": usage["prompt_tokens"],
@@ -74,6 +93,24 @@ def encode_response(endpoint: Endpoint, result: Any) -> tuple[bytes, dict[str, i
             choice.setdefault("text", "")
         choice.setdefault("finish_reason", None)
     return orjson.dumps(doc), usage
+
+
+def base64_embedding(vector: list[Any]) -> str:
+    """`vector` as OpenAI's base64 encoding gives it: each number a little-endian
+    float32. Raises `TypeError` for an item that is not a number (a bool is none) or one
+    past float32's range (an answer that cannot be encoded: `encoded` makes it a
+    protocol error)."""
+    if not all(type(v) in (int, float) for v in vector):
+        raise TypeError("an embedding holds an item that is not a number")
+    try:
+        floats = array.array("f", vector)
+    except OverflowError:
+        floats = array.array("f", [math.inf])
+    if not all(math.isfinite(v) for v in floats):  # past float32's range: made infinite
+        raise TypeError("an embedding holds a number past float32's range")
+    if sys.byteorder == "big":
+        floats.byteswap()
+    return base64.b64encode(floats.tobytes()).decode("ascii")
 
 
 def encode_chunk(

@@ -13,7 +13,15 @@ end the answer, and the stream then ends with that `"stop"` and `[DONE]`:
 - Gemini's: every chunk's candidate without a `finishReason`, or with
   `MALFORMED_FUNCTION_CALL` or one unknown (`VertexGeminiConfig._check_finish_reason`):
   a stream cut short was complete;
-- Converse's: a `stopReason` it does not know; `model_context_window_exceeded` too.
+- Converse's: a `stopReason` it does not know; `model_context_window_exceeded` too;
+- Cohere's chat (v1's stream-end `finish_reason`, v2's `message-end` as LiteLLM's parser
+  reads it): `ERROR`, `TIMEOUT`, `USER_CANCEL` and any it does not know, and a v2 end
+  without a reason (its parser's default `"stop"`);
+- a Responses API stream under LiteLLM's chat bridge: its terminal event's response is
+  judged by its `status` (finish_reasons.py `responses_unfinished`): `incomplete` for no
+  reason (LiteLLM's `length`) ends nothing, nor does a `response.completed` whose status
+  is not `completed` (LiteLLM's `stop`); an incomplete one for `max_output_tokens` or
+  `content_filter` is `length` or `content_filter`, by its status whichever event said it.
 
 Here the chunk's finish reason is the provider's, judged as a whole answer's is: one
 that ends the answer is relayed as finish_reasons.py says, any other (or none) is no
@@ -43,10 +51,13 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from gateway.upstream.finish_reasons import (
+    COHERE_FINISHED,
     CONVERSE_FINISHED,
     CONVERSE_RELABELED,
     GEMINI_FINISHED,
     openai_relayed,
+    responses_incomplete,
+    responses_unfinished,
 )
 from gateway.upstream.hosted_stream import StreamBoundNotFound
 
@@ -80,6 +91,18 @@ _CONVERSE: Final = (
     "AWSEventStreamDecoder",
     "converse_chunk_parser",
 )
+_COHERE_V1: Final = ("litellm.llms.cohere.common_utils", "ModelResponseIterator", "chunk_parser")
+_COHERE_V2: Final = (
+    "litellm.llms.cohere.common_utils",
+    "CohereV2ModelResponseIterator",
+    "chunk_parser",
+)
+_BRIDGED: Final = (
+    "litellm.completion_extras.litellm_responses_transformation.transformation",
+    "OpenAiResponsesToChatCompletionStreamIterator",
+    "chunk_parser",
+)
+_TERMINAL: Final = frozenset({"response.completed", "response.incomplete"})
 _INSTALLED: Final = "_owngate_stream_stops"
 
 
@@ -94,6 +117,9 @@ def install_stream_stops() -> None:
     _wrap(_OPENAI_DICTS, _openai_dict)
     _wrap(_GEMINI, _gemini_chunk)
     _wrap(_CONVERSE, _converse_chunk)
+    _wrap(_COHERE_V1, _cohere_chunk)
+    _wrap(_COHERE_V2, _cohere_chunk)
+    _wrap(_BRIDGED, _bridged_chunk)
 
 
 def _wrap(where: tuple[str, str, str], make: Callable[[Callable[..., Any]], Any]) -> None:
@@ -212,6 +238,51 @@ def _converse_chunk(parse: Callable[..., Any]) -> Callable[..., Any]:
                 choice.finish_reason = None
             elif reason in CONVERSE_RELABELED:
                 choice.finish_reason = CONVERSE_RELABELED[reason]
+        return result
+
+    return parsed
+
+
+def _cohere_chunk(parse: Callable[..., Any]) -> Callable[..., Any]:
+    def parsed(parser: Any, chunk: Any) -> Any:
+        result = parse(parser, chunk)
+        if not isinstance(result, dict) or not result.get("is_finished"):
+            return result  # not the end: LiteLLM's
+        reason = _cohere_reason(chunk)
+        relayed = COHERE_FINISHED.get(reason) if isinstance(reason, str) else None
+        result["finish_reason"] = relayed or ""  # none, or one that ends nothing: no finish
+        result["is_finished"] = relayed is not None
+        return result
+
+    return parsed
+
+
+def _cohere_reason(chunk: Any) -> object:
+    """The `finish_reason` of a Cohere stream's end, where LiteLLM reads it: v1's
+    `stream-end` itself, v2's `data.delta` of a `message-end` event; None where none."""
+    if not isinstance(chunk, dict):
+        return None
+    if chunk.get("event") == "message-end":
+        data = chunk.get("data")
+        delta = data.get("delta") if isinstance(data, dict) else None
+        return delta.get("finish_reason") if isinstance(delta, dict) else None
+    return chunk.get("finish_reason")
+
+
+def _bridged_chunk(parse: Callable[..., Any]) -> Callable[..., Any]:
+    def parsed(parser: Any, chunk: Any) -> Any:
+        result = parse(parser, chunk)
+        if not isinstance(chunk, dict) or chunk.get("type") not in _TERMINAL:
+            return result
+        response = chunk.get("response")
+        response = response if isinstance(response, dict) else {}
+        ended = responses_unfinished(response) is None
+        relayed = responses_incomplete(response)  # None for a completed one: LiteLLM's
+        for choice in getattr(result, "choices", None) or ():
+            if not ended:
+                choice.finish_reason = None  # LiteLLM's "stop" or "length": it did not end
+            elif relayed is not None:
+                choice.finish_reason = relayed
         return result
 
     return parsed

@@ -13,7 +13,9 @@ Tests read `received` (what arrived, headers lower-cased) and the counters, and 
 real provider sometimes quotes the request back in it). `cut_after = N` ends every
 stream's body after its first N text deltas, cleanly framed but without `message_delta`
 and `message_stop` (a provider that closed the stream early); `stop_reason = ("pause_turn",)`
-sends that `stop_reason` (or null, `(None,)`) in place of the one the answer earned. Run it with
+sends that `stop_reason` (or null, `(None,)`) in place of the one the answer earned;
+`second_stop_reason = ("max_tokens",)` sends a second `message_delta` with that `stop_reason`
+(an honest stream sends one: a contradictory stream). Run it with
 `gateway.serving.ServerThread`.
 """
 
@@ -68,6 +70,7 @@ class AnthropicMock:
     error_message: str | None = None
     cut_after: int | None = None
     stop_reason: tuple[str | None] | None = None
+    second_stop_reason: tuple[str | None] | None = None
     received: list[Received] = field(default_factory=list)
     completed: int = 0
     disconnects: int = 0
@@ -80,6 +83,7 @@ class AnthropicMock:
         self.error_message = None
         self.cut_after = None
         self.stop_reason = None
+        self.second_stop_reason = None
         self.received.clear()
         self.completed = 0
         self.disconnects = 0
@@ -192,15 +196,16 @@ class AnthropicMock:
                 {"type": "content_block_delta", "index": 0, "delta": delta},
             )
         await _event(send, "content_block_stop", {"type": "content_block_stop", "index": 0})
-        await _event(
-            send,
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
-                "usage": {"output_tokens": len(words)},
-            },
-        )
+        for reason in (stop_reason, *(self.second_stop_reason or ())):
+            await _event(
+                send,
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": None},
+                    "usage": {"output_tokens": len(words)},
+                },
+            )
         await _event(send, "message_stop", {"type": "message_stop"}, last=True)
 
 

@@ -45,10 +45,13 @@ def served(
     tmp_path: Path,
     stop_reason: str | None,
     doc: dict[str, Any],
+    second: tuple[str | None] | None = None,
 ) -> httpx.Response:
-    """What the client got for `doc` from Anthropic answering with `stop_reason`."""
+    """What the client got for `doc` from Anthropic answering with `stop_reason` (and a
+    second `message_delta` with `second`, when given)."""
     mock = AnthropicMock(api_key=KEY, reply="one two three")
     mock.stop_reason = (stop_reason,)
+    mock.second_stop_reason = second
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
     with ServerThread(mock) as provider:
@@ -88,6 +91,38 @@ def test_a_stream_anthropic_did_not_finish_is_broken_off(
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["error"]) == (502, "upstream_error")
     assert record["response_commitment"] == commit("response", salt, seen)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("end_turn", "max_tokens"), ("max_tokens", "end_turn"), ("pause_turn", "end_turn")],
+)
+def test_a_stream_whose_message_deltas_give_two_stop_reasons_is_broken_off(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, first: str, second: str
+) -> None:
+    # An honest stream gives one. Before: the first that ends the turn was relayed
+    # (LiteLLM read no further), `[DONE]` and all, recorded 200.
+    response = served(start_gateway, tmp_path, first, CHAT, second=(second,))
+    assert response.status_code == 200  # the headers went out with the first delta
+    seen, error, _ = response.content.partition(b'data: {"error"')
+    assert error, response.content
+    assert b"[DONE]" not in response.content
+    assert b'"finish_reason":"' not in seen  # the finish is not relayed either
+    request_id, salt = salt_of(stream_receipt(response.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["error"]) == (502, "upstream_error")
+    assert record["response_commitment"] == commit("response", salt, seen)
+
+
+@pytest.mark.parametrize("again", ["end_turn", None])
+def test_a_stream_that_repeats_its_stop_reason_is_finished(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, again: str | None
+) -> None:
+    # The same reason again, or a null one after it, contradicts nothing.
+    response = served(start_gateway, tmp_path, "end_turn", CHAT, second=(again,))
+    assert response.status_code == 200
+    assert b"data: [DONE]" in response.content, response.content
+    assert b'"finish_reason":"stop"' in response.content
 
 
 @pytest.mark.parametrize("stop_reason", ["pause_turn", "a_reason_from_next_year"])

@@ -1,7 +1,8 @@
 """Which whole hosted answers `unfinished` (gateway/upstream/hosted_finish.py) reads as left
 without the provider's finish reason, table-driven: OpenAI's wire and Anthropic's are
-judged, and Gemini's and Bedrock Converse's; any other shape (Cohere's), or no answer kept,
-is not (LiteLLM's "stop" stands there); and
+judged, and Gemini's, Bedrock Converse's, a Responses API answer's (by its `status`) and
+Cohere's (on a Cohere route only); any other shape, or no answer kept, is not (LiteLLM's
+"stop" stands there); and
 which `short_of` reads as holding fewer or other choices than asked."""
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from gateway.upstream.hosted_finish import relabel, short_of, unfinished
 
 def body(doc: Any) -> bytes:
     return json.dumps(doc).encode()
+
+
+def responses(status: str, reason: str | None = None) -> bytes:
+    """A Responses API answer in `status`, incomplete for `reason` (none when None)."""
+    details = None if reason is None else {"reason": reason}
+    return body({"object": "response", "status": status, "incomplete_details": details})
 
 
 def gemini(*reasons: str | None) -> bytes:
@@ -86,8 +93,17 @@ def choices(*reasons: Any) -> bytes:
         (converse("model_context_window_exceeded"), False),  # relayed as length
         (converse(None), True),
         (converse("a_reason_from_next_year"), True),
-        (body({"finish_reason": "ERROR", "message": {}}), False),  # Cohere: not judged
-        (body({"object": "response", "output": []}), False),  # Responses API: not judged
+        (body({"finish_reason": "ERROR", "message": {}}), False),  # Cohere's, off its route
+        (body({"object": "response", "output": []}), True),  # a Responses API's: no status
+        (responses("completed"), False),
+        (responses("incomplete", "max_output_tokens"), False),  # relayed as length
+        (responses("incomplete", "content_filter"), False),
+        (responses("incomplete"), True),  # LiteLLM's "length" for no reason stated
+        (responses("incomplete", "a_reason_from_next_year"), True),
+        (responses("failed"), True),  # LiteLLM's "stop"
+        (responses("cancelled"), True),
+        (responses("in_progress"), True),
+        (responses("queued"), True),
         (body({"choices": []}), False),  # no choice to judge
         (body([1, 2]), False),
         (b"not json", False),
@@ -97,6 +113,35 @@ def choices(*reasons: Any) -> bytes:
 )
 def test_unfinished(answer: bytes | None, expected: bool) -> None:
     assert (unfinished(answer) is not None) is expected
+
+
+@pytest.mark.parametrize("route", ["cohere", "cohere_chat"])
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("COMPLETE", None),
+        ("STOP_SEQUENCE", None),
+        ("MAX_TOKENS", "length"),
+        ("ERROR_LIMIT", "length"),
+        ("TOOL_CALL", "tool_calls"),
+        ("ERROR_TOXIC", "content_filter"),
+        ("ERROR", "unfinished"),  # LiteLLM's "stop", as for every whole Cohere answer
+        ("TIMEOUT", "unfinished"),
+        ("USER_CANCEL", "unfinished"),
+        ("A_REASON_FROM_NEXT_YEAR", "unfinished"),
+        (None, "unfinished"),
+    ],
+)
+def test_a_cohere_answer_is_judged_and_relabeled_on_its_route(
+    route: str, reason: str | None, expected: str | None
+) -> None:
+    answer = body({"id": "c", "message": {}, "finish_reason": reason})
+    assert (unfinished(answer, route) is not None) is (expected == "unfinished")
+    if expected in (None, "unfinished"):
+        return
+    result = _Answer("stop")  # LiteLLM's, whatever Cohere said
+    relabel(result, answer, route)
+    assert result.choices[0].finish_reason == expected
 
 
 def test_a_paused_turn_is_named_and_no_other_reason_of_the_provider_is() -> None:

@@ -196,7 +196,8 @@ def test_embeddings_dimensions_is_refused_where_litellm_leaves_it_out(
     litellm: ModuleType, provider_model: str, refused: bool
 ) -> None:
     table = SupportTable("provider", None)
-    # `encoding_format` is not judged: an adapter that drops it answers floats, as shown.
+    # `encoding_format` is not refused: floats from an adapter that drops it are written in
+    # base64 when asked (openai_wire.py; the OpenAI SDKs ask for base64 by default).
     table.check(litellm, "embeddings", {"input": "x", "encoding_format": "base64"}, provider_model)
     asked = {"input": "x", "dimensions": 256}
     if not refused:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -11,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
+import aiohttp
 import pytest
 import urllib3
 import uvicorn.config
@@ -281,6 +283,51 @@ def test_urllib3_s_warnings_never_quote_what_the_far_side_sent(
     assert "after connection broken by '[withheld: BadStatusLine]'" in out.replace("''", "'")
     assert "Failed to parse headers (url=[withheld: " in out
     assert "[withheld: OSError]" in out and "pool of 3 for [withheld: dict]" in out
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_aiohttp_s_lines_never_quote_what_the_far_side_sent(
+    fmt: Literal["json", "console"],
+) -> None:
+    """aiohttp (LiteLLM's client for hosted providers) warns `Can not load cookies:
+    Illegal cookie name %r` on its `aiohttp.internal` logger with the name a far side's
+    `Set-Cookie` gave, as it came, and its cookie jar's debug lines name cookies and
+    hosts: a provider (or anything in its path) wrote what it chose into the gateway's
+    log. A loopback server answers such a cookie to a real `ClientSession` (with LiteLLM's
+    jar, which keeps none), whose response's cookies are read; the warning is written, its
+    argument only as what it is, and no debug line at all."""
+    canary = "CANARYa1o7 far-side-cookie"
+    answers = [f"HTTP/1.1 200 OK\r\nSet-Cookie: {canary}=1\r\nContent-Length: 0\r\n\r\n".encode()]
+
+    async def fetch(port: int) -> None:
+        jar = aiohttp.DummyCookieJar()
+        async with (
+            aiohttp.ClientSession(cookie_jar=jar) as session,
+            session.get(f"http://127.0.0.1:{port}/") as response,
+        ):
+            await response.read()
+            assert not response.cookies  # read, as a caller of LiteLLM's transport may
+
+    internal = logging.getLogger("aiohttp.internal")
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        rendered_logs(fmt, level="debug") as logs,
+    ):
+        server.settimeout(10)
+        port = server.getsockname()[1]
+        answering = threading.Thread(target=_answer, args=(server, answers), daemon=True)
+        answering.start()
+        asyncio.run(fetch(port))
+        answering.join(10)
+        internal.setLevel(logging.DEBUG)
+        try:
+            internal.debug("Cookie %s for %s", canary, canary)
+        finally:
+            internal.setLevel(logging.NOTSET)
+    out = logs.getvalue()
+    assert canary.split()[0] not in out
+    assert "Can not load cookies: Illegal cookie name " in out
+    assert f"[withheld: {len(canary)} characters]" in out
 
 
 def _answer(server: socket.socket, answers: list[bytes]) -> None:
