@@ -316,8 +316,9 @@ class Recorder:
             reason=refused.code.value,
             request_commitment=trail.request_commitment,
             # unknown to the tenant: its receipt's leaf hash confirms no guess of the
-            # record (a hidden model's names its rule, a made-up one's does not)
-            blind=secrets.token_hex(32) if refused.code is ErrorCode.model_not_found else None,
+            # record (a hidden model's names its rule, a made-up one's does not; every
+            # trace names the backends the decision judged, which no answer tells it)
+            blind=secrets.token_hex(32),
         )
         seal = self._seal_of(exchange, trail, "", refused.decision)
         try:

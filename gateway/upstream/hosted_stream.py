@@ -65,6 +65,8 @@ _USAGE_KEPT: Final = 8
 # LiteLLM 1.108.7: its chat stream wrapper (module, class), and its Responses stream (module,
 # class, the function that estimates usage from the text when the provider stated none).
 _WRAPPER: Final = ("litellm.litellm_core_utils.streaming_handler", "CustomStreamWrapper")
+# How deep a text-completion stream's generators hold the wrapper (`_wrapper`).
+_GENERATORS: Final = 2
 _RESPONSES: Final = (
     "litellm.responses.streaming_iterator",
     "BaseResponsesAPIStreamingIterator",
@@ -319,10 +321,27 @@ class _Unkept(str):
 
 
 def _wrapper(source: Any) -> Any:
-    """LiteLLM's `CustomStreamWrapper` of `source` (a text-completion stream wraps one)."""
+    """LiteLLM's `CustomStreamWrapper` of `source`, or None. A text-completion stream
+    (`TextCompletionStreamWrapper`) holds LiteLLM's generators instead: its
+    `completion_stream` is `litellm.main._async_streaming`, iterating its `response`, the
+    text handler's `async_streaming`, which made the wrapper (its local `streamwrapper`)
+    once its first chunk came. The wrapper is read from their frames: its flags (its
+    made-up last chunk, its made-up usage) are nowhere else. Before, the first generator
+    was taken for the wrapper and had no flag, so LiteLLM's own count of a text
+    completion's tokens was relayed and recorded as the provider's usage."""
     if hasattr(source, "sent_last_chunk"):
         return source
-    return getattr(source, "completion_stream", None)
+    inner = getattr(source, "completion_stream", None)
+    for _ in range(_GENERATORS):
+        frame = getattr(inner, "ag_frame", None)  # None once a generator has finished
+        if frame is None:
+            return None
+        local = frame.f_locals
+        found = next((v for v in local.values() if hasattr(v, "sent_last_chunk")), None)
+        if found is not None:
+            return found
+        inner = local.get("response")
+    return None
 
 
 def _has_finish_reason(chunk: Any) -> bool:

@@ -81,6 +81,8 @@ def encode_response(
                 "prompt_tokens": usage["prompt_tokens"],
                 "total_tokens": usage["total_tokens"],
             }
+        else:  # LiteLLM's zeros, as below: shown, the record read them as the provider's
+            doc.pop("usage", None)
         return orjson.dumps(doc), usage
     if usage is not None:
         doc["usage"] = _usage_body(doc["usage"])

@@ -30,6 +30,7 @@ from tests.helpers.audit_rig import (
     client_gets,
     hosted_gateway,
     logged,
+    request_log,
     whole_answer,
     writes,
 )
@@ -154,3 +155,58 @@ def test_a_fallback_to_a_hosted_provider_is_logged_as_what_the_client_got(
         mine = [json.loads(e) for e in log_records(tmp_path / "log", vkey)]
         kinds = [r["type"] for r in mine if r["request_id"] == request_id]
         assert kinds == ["dispatch", "completion"] * 2, kinds  # the 503, then the provider
+
+
+def _text_chunk(choices: bytes) -> bytes:
+    return (
+        b'data: {"id":"cmpl-x","object":"text_completion","created":1,"model":"f","choices":%s}\n\n'
+        % choices
+    )
+
+
+TEXT_EVENT = _text_chunk(b'[{"index":0,"text":"hi","finish_reason":null}]')
+TEXT_END = _text_chunk(b'[{"index":0,"text":"","finish_reason":"stop"}]')
+TEXT_ASK = {"model": "f", "prompt": "hi", "stream": True}
+EMBEDDINGS = (
+    b'{"object":"list","model":"f","data":[{"object":"embedding","index":0,"embedding":[0.5]}]}'
+)
+NO_USAGE: dict[str, tuple[tuple[bytes, ...], dict[str, Any], str]] = {
+    "completions-stream-usage-asked": (
+        chunked(TEXT_EVENT, TEXT_END, DONE),
+        {**TEXT_ASK, "stream_options": {"include_usage": True}},
+        "/v1/completions",
+    ),
+    "completions-stream": (chunked(TEXT_EVENT, TEXT_END, DONE), TEXT_ASK, "/v1/completions"),
+    "completions-stream-unfinished": (chunked(TEXT_EVENT, DONE), TEXT_ASK, "/v1/completions"),
+    "embeddings": (
+        (whole_answer(200, EMBEDDINGS, JSON),),
+        {"model": "f", "input": "hi"},
+        "/v1/embeddings",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NO_USAGE))
+def test_usage_a_provider_did_not_report_is_neither_shown_nor_recorded(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    case: str,
+) -> None:
+    """The provider reports no usage. LiteLLM then makes its own up: for a text
+    completion stream a count of its own (its usage chunk, a client that asked for usage
+    was shown it, and the record stated it as the provider's: the gateway looked for that
+    count on the chat stream LiteLLM wraps, which it did not find in the generator a text
+    completion stream holds), for embeddings zeros (kept in the answer, so the record said
+    the provider reported 0 tokens). Neither is the provider's: the client is shown no
+    usage and the record says none (docs/provenance.md, the completion's `usage`)."""
+    pieces, ask, path = NO_USAGE[case]
+    raw = start_raw(writes(*pieces))
+    gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
+    received = client_gets(gateway, ask, path)
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+    shown = received.body.split(b": owngate-receipt ")[0]
+    assert b'"usage"' not in shown, shown
+    completion = request_log(tmp_path / "log", vkey, received.headers["x-request-id"])[-1]
+    assert completion["type"] == "completion" and completion["usage"] is None, completion
+    assert completion["status"] == (502 if case.endswith("unfinished") else 200)

@@ -176,3 +176,31 @@ def test_the_receipt_confirms_no_guess_of_an_unknown_models_record(rig: Rig) -> 
         assert leaf_hash(canonical_json(guess)) != claims.dispatch_hash
         blinds.append(record["blind"])
     assert len(set(blinds)) == 2 and all(len(b) == 64 for b in blinds)
+
+
+@pytest.mark.parametrize(
+    ("label", "status", "reason"),
+    [("secret", 403, "policy_denied"), ("nosuch", 400, "unknown_data_class")],
+)
+def test_the_receipt_confirms_no_guess_of_the_backends_a_refusal_judged(
+    rig: Rig, label: str, status: int, reason: str
+) -> None:
+    """A refusal of a model the tenant sees names the rule, never the backends it judged
+    (tests/integration/test_error_disclosure.py), but its record's trace does (every
+    backend serving the model, each with its verdict and rule). Everything else in the
+    record the tenant knows or can guess (its request id, its tenant and the policy the
+    403 names, the rule, a time to the millisecond, the commitment its salts open), so
+    hashing its guess of the trace against the receipt's leaf hash confirmed which backends
+    serve the model: the record of a guess `[gpu excluded by <rule>]` matched. Every
+    refusal record now holds `blind`, 32 random bytes no answer gives."""
+    gateway, _, log = rig
+    response = ask(gateway, "/v1/chat/completions", "m", headers={"x-data-class": label})
+    assert response.status_code == status, response.text
+    claims = receipt_claims(base64.b64decode(response.headers["x-owngate-receipt"]))
+    (record,) = request_records(log, response.headers["x-request-id"], "refusal")
+    assert record["reason"] == reason
+    assert record["trace"] == [{"backend": "gpu", "verdict": "excluded", "rule": record["rule"]}]
+    assert leaf_hash(canonical_json(record)) == claims.dispatch_hash  # the record named
+    guess = {key: value for key, value in record.items() if key != "blind"}
+    assert leaf_hash(canonical_json(guess)) != claims.dispatch_hash
+    assert len(record["blind"]) == 64

@@ -362,7 +362,7 @@ def refusal_record(
         "reason": reason,
         "request_commitment": request_commitment,
     }
-    if blind is not None:  # a 404 model_not_found's: what no receipt gives (schema.py)
+    if blind is not None:  # what no receipt gives (schema.py)
         record["blind"] = blind
     return record
 

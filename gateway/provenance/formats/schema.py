@@ -162,9 +162,10 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "rule": str,
         "reason": str,
         "request_commitment": Optional(_HEX64),
-        # A 404 `model_not_found`'s 32 random bytes, in no receipt: the receipt's leaf
-        # hash let the tenant recompute the record of a model no backend serves and tell
-        # it from that of a hidden one (gateway/api/listing.py); absent otherwise.
+        # 32 random bytes, in no receipt: the receipt's leaf hash let the tenant confirm
+        # a guess of the record, telling a model no backend serves from a hidden one
+        # (gateway/api/listing.py) and, from its trace, which backends the decision judged;
+        # absent in records written before every refusal held it (only 404s did, or none).
         "blind": Omittable(_HEX64),
     },
     # An action taken through the admin API (gateway/admin/): who (the role and the first
