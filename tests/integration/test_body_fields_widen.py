@@ -218,6 +218,11 @@ ROUTED: list[tuple[dict[str, Any], str]] = [
         },
         "messages[0].content[0].cache_control",
     ),
+    # in another case: a router in Go reads it as the marker (named as the marker)
+    (
+        {"messages": [{"role": "user", "content": "hi", "Cache_Control": {"type": "ephemeral"}}]},
+        "messages[0].cache_control",
+    ),
 ]
 
 
