@@ -313,6 +313,13 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
         (b'{"model": "sim-model", "messages": []}\x00', "invalid_json"),
         (b'{"model": "sim-model", "stream": 1, "messages": []}', None),
         (b'[{"model": "sim-model", "messages": []}]', None),
+        # media past the 4,096 parts the token reservation counts (they counted as none)
+        (
+            b'{"model": "sim-model", "messages": [{"role": "user", "content": ['
+            + b",".join([b'{"type": "input_audio", "input_audio": {"data": "AA=="}}'] * 4097)
+            + b"]}]}",
+            None,
+        ),
     ],
 )
 def test_hostile_bodies_are_400_and_reach_no_backend(
