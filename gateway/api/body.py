@@ -126,8 +126,8 @@ def held_bound(body: bytes, scan: BodyScan | None) -> int:
     any other in one C-level pass over all of it (brackets and commas inside strings
     too): cheaper than a count per long stretch below that size, and about a third of
     the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
-    and frees when it returns (orjson's 12 bytes per body byte, the exact repeat check),
-    which one process needs for one body at a time."""
+    and frees when it returns (orjson's 12 bytes per body byte, the repeat checks' second
+    parses: body_names.py), which one process needs for one body at a time."""
     plain = body.isascii() and body.find(b"\\") < 0  # find: memchr, not `in`
     if scan is None or scan.commas < 0:
         values = len(body.translate(None, _NOT_BEFORE_A_VALUE))  # one pass, not three counts
