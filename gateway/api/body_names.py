@@ -51,6 +51,8 @@ _KNOWN: Final = frozenset(
         "prompt", "input", "model", "stream", "store", "modalities", "max_tokens", "n",
         "max_completion_tokens", "temperature", "top_p", "stop", "seed", "user", "logit_bias",
         "cache_control", "cachePoint", "web_search_options", "chat_template_kwargs", "tags",
+        "logprobs", "top_logprobs", "frequency_penalty", "presence_penalty", "dimensions",
+        "encoding_format", "parallel_tool_calls", "reasoning_effort", "service_tier",
     }
 )  # fmt: skip
 _MAX_PATH: Final = 8  # steps an error names at most
