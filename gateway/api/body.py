@@ -9,8 +9,8 @@ fields must mean one thing, to the gateway and to whatever reads the body after 
   `stream_options` (whether the client gets the usage chunk), and `include_usage` inside
   `stream_options`, may each appear once in their object: a repeat, however its name is
   spelled (`"mod\\u0065l"` is `model`), is refused, since a backend could read the copy
-  the gateway did not. Repeats of other names are forwarded as they are. Nor may such a
-  name appear in another case (`"Model"`, `"\\u017ftream"`): Go's encoding/json (Ollama,
+  the gateway did not (and no object anywhere may repeat any name: body_names.py). Nor
+  may such a name appear in another case (`"Model"`, `"\\u017ftream"`): Go's encoding/json (Ollama,
   LocalAI and other servers behind a `kind: openai` backend) matches names without regard
   to case, folding U+017F (long s) to `s` and U+212A (Kelvin) to `k`, and reads the last
   match, so `{"model": "a", "Model": "b"}` would be served as `b` while the gateway
@@ -44,6 +44,7 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from gateway.api.body_integers import check_integers, long_digit_run
+from gateway.api.body_names import check_unique_names
 from gateway.api.usage_bound import READ_FIELDS
 from gateway.body_budget import held_for_characters
 from gateway.errors import ErrorCode, GatewayError
@@ -125,8 +126,8 @@ def held_bound(body: bytes, scan: BodyScan | None) -> int:
     any other in one C-level pass over all of it (brackets and commas inside strings
     too): cheaper than a count per long stretch below that size, and about a third of
     the parse's time for an 8 MiB body. Not counted: what the parse needs while it runs
-    and frees when it returns (orjson's 12 bytes per body byte, the exact repeat check),
-    which one process needs for one body at a time."""
+    and frees when it returns (orjson's 12 bytes per body byte, the repeat checks' second
+    parses: body_names.py), which one process needs for one body at a time."""
     plain = body.isascii() and body.find(b"\\") < 0  # find: memchr, not `in`
     if scan is None or scan.commas < 0:
         values = len(body.translate(None, _NOT_BEFORE_A_VALUE))  # one pass, not three counts
@@ -161,6 +162,7 @@ def parse_body(body: bytes, scan: BodyScan | EllipsisType | None = ...) -> dict[
         )
     _check_stream_fields(doc)
     check_integers(body, None if scan is None else scan.digits)
+    check_unique_names(body, doc, -1 if scan is None else scan.colons)
     return doc
 
 
@@ -273,6 +275,7 @@ class BodyScan(NamedTuple):
     commas: int  # `,` outside strings (with the brackets, no more values); -1: not counted
     once: bool  # no decided-on name is written twice, in any spelling
     digits: bool = True  # 19 digits in a row outside strings (body_integers.py)
+    colons: int = -1  # `:` outside strings: the body's members (body_names.py)
 
 
 def scan_body(body: bytes) -> BodyScan | None:
@@ -287,7 +290,7 @@ def scan_body(body: bytes) -> BodyScan | None:
     # The short stretches between strings (`":"`, `",["`...) are gathered and counted in
     # one piece at the end: two or three counts per string cost more than the copy.
     gaps: list[bytes] = []
-    brackets, commas, once, end = 0, 0, True, -1
+    brackets, commas, colons, once, end = 0, 0, 0, True, -1
     digits = False
     # Commas too (`held_bound`): in the gathered stretches always (one count), in the
     # long ones only in a long body (below it, one pass over the body costs less than a
@@ -301,6 +304,7 @@ def scan_body(body: bytes) -> BodyScan | None:
             break
         if start - end > _SHORT_GAP:  # counted where it is: copies stay small
             brackets += _brackets(body, end + 1, start)
+            colons += body.count(b":", end + 1, start)
             if outside:
                 commas += body.count(b",", end + 1, start)
             else:
@@ -328,11 +332,12 @@ def scan_body(body: bytes) -> BodyScan | None:
     size = len(body)
     between = b"".join(gaps)
     brackets += _brackets(body, end + 1, size) + _brackets(between, 0, len(between))
+    colons += body.count(b":", end + 1, size) + between.count(b":")
     if counted:
         commas += body.count(b",", end + 1, size) + between.count(b",")
     # (the gaps joined may put two digit runs together: the exact check then decides)
     digits = digits or long_digit_run(body, end + 1, size) or long_digit_run(between)
-    return BodyScan(brackets, commas if counted else -1, once, digits)
+    return BodyScan(brackets, commas if counted else -1, once, digits, colons)
 
 
 def _brackets(body: bytes, start: int, end: int) -> int:

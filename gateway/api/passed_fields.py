@@ -120,7 +120,8 @@ PASSED_FIELDS: Final[Mapping[str, str]] = {
             "return_sampling_mask",  # SGLang: only with `return_meta_info`, refused
             "return_flat_raw_output_top_logprobs",
             "return_flat_raw_top_logprobs_b64",
-            "mm_payload",  # vLLM: what its render endpoint's answer carries
+            "mm_payload",  # vLLM: its render endpoint's output; its strings are held to
+            # the backend's `media_urls` as a content part's are (private_media.py)
             "return_mm_kwargs",
             "embed_dtype",  # vLLM embeddings: the float type a base64 answer packs
             "endianness",

@@ -19,8 +19,10 @@ content parts (every key but the part's `type` and `text`, to any depth; `conten
 `type` and `text` in any case too, as a server in Go reads names), in a message's
 `images`, in llama.cpp's prompt objects (`multimodal_data` of a completion's
 `prompt`, an embedding's `input` or `content`), and in SGLang's embedding `input`
-objects (every key but `text`; a URL stands at `image` and `video`), and in the `input`
-strings of an embedding whose `modality` is not text (a URL stands there). `refusal` then
+objects (every key but `text`; a URL stands at `image` and `video`), in the `input`
+strings of an embedding whose `modality` is not text (a URL stands there), and anywhere in
+vLLM's `mm_payload` (multimodal input beside the messages; a URL stands at a key `url` or
+ending in `_url`; before, it was not read). `refusal` then
 judges them for one backend's `media_urls:` (gateway/config/media.py), before its
 dispatch record:
 
@@ -78,6 +80,7 @@ _PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
 # other (`image`, `audio`) it fetches each string of `input` as a URL.
 _TEXT_MODALITY: Final = (None, "text")
 _CONTENT: Final = b'"content"'
+_MM_PAYLOAD: Final = "mm_payload"  # vLLM: multimodal input beside the messages
 # An escaped ASCII letter (`\u0063`): no encoder writes one, a name spelled to hide may.
 _ESCAPED_LETTER: Final = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
 _PUBLIC: Final = (
@@ -127,7 +130,8 @@ class MediaRefs:
                     or _ESCAPED_LETTER.search(body) is not None
                 ):
                     refuse_repeated_content(body)
-                if doc.get("modality") in _TEXT_MODALITY:  # not an embedding of media URLs
+                # not an embedding of media URLs, nor vLLM's multimodal payload
+                if doc.get("modality") in _TEXT_MODALITY and _MM_PAYLOAD not in doc:
                     return None
         refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []
@@ -207,6 +211,10 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
         for k, item in enumerate(value if isinstance(value, list) else [value]):
             if isinstance(item, str):
                 yield (f"input[{k}]" if isinstance(value, list) else "input"), item, True
+    # vLLM's `mm_payload` (multimodal input given beside the messages): every string in
+    # it is judged as a content part's are, a URL where a key names one.
+    if _MM_PAYLOAD in doc:
+        yield from _payload_strings(doc[_MM_PAYLOAD])
     # Prompt and input objects: only in a body that holds some (a chat body or a batch of
     # strings has none) and names their media (or may, escaped).
     held = any(_holds_objects(doc.get(name)) for name in _PROMPT_KEYS)
@@ -222,6 +230,22 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                     if key not in _PROMPT_TEXT:
                         url_place = key in _PROMPT_MEDIA
                         yield from _strings(f"{where}.{key}", inner, url_place, 1)
+
+
+def _payload_strings(payload: Any) -> Iterator[tuple[str, str, bool]]:
+    """Each string of vLLM's `mm_payload` (at any depth: the body's depth is bounded), a
+    URL standing where its key is `url` or ends in `_url`."""
+    stack: list[tuple[Any, bool]] = [(payload, False)]
+    while stack:
+        value, url_place = stack.pop()
+        if isinstance(value, str):
+            yield _MM_PAYLOAD, value, url_place
+        elif isinstance(value, dict):
+            stack.extend(
+                (v, k.casefold() in _URL_KEYS or k.endswith("_url")) for k, v in value.items()
+            )
+        elif isinstance(value, list):
+            stack.extend((v, url_place) for v in value)
 
 
 def _holds_objects(value: Any) -> bool:

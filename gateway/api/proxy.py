@@ -59,6 +59,7 @@ from gateway.api.router_fields import RouterFields, private_refusal
 from gateway.api.server_fields import refuse_unreadable_encoding
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
+from gateway.api.usage_bound import refuse_uncounted_media
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
@@ -127,6 +128,7 @@ class Proxy:
         tenant = standing.tenant
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc, body)  # a router's and an inference server's own fields
+        refuse_uncounted_media(doc)  # media the token reservation would count as none
         if exchange.endpoint == "embeddings":
             refuse_unreadable_encoding(doc)  # vLLM's binary answer: no client reads it here
         media = MediaRefs.of(doc, body)  # URLs a private backend would fetch; None: none

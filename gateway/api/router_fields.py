@@ -20,6 +20,17 @@ serve), and when nothing else serves, the client gets the 400 a hosted backend g
 a stored completion; before, only chat requests were judged. vLLM, llama.cpp and SGLang
 backends act on none of them and get the request as sent. A top-level name of the rule
 in another case (`"Store"`) is judged as `store`: a router in Go reads it so.
+
+A LiteLLM proxy also reads the body's `metadata` as its own request metadata, and some of
+its keys choose the deployment (LiteLLM 1.108.7): `tags` (tag-based routing: the
+deployments tagged so, perhaps another region's, router_strategy/tag_based_routing.py),
+`_routing_request_tags` (read before `tags`), `inherited_tags` (taken as the key's and
+team's own tag policy), `deployment`, `model_group`, `model_info` and the routers'
+recorded decisions; others turn its caching or guardrails (`enable_prompt_caching`,
+`disable_global_guardrails`, `opted_out_global_guardrails`, `litellm_disabled_callbacks`).
+The policy admitted the backend, not whatever the router behind it picks from such keys:
+they are refused for a `kind: openai` backend as the hosted rule's fields are (`metadata.
+tags`; before, they reached it as sent). Other `metadata` keys pass, as the API has them.
 """
 
 from __future__ import annotations
@@ -36,7 +47,29 @@ from gateway.routing.registry import BackendState, Registry
 from gateway.routing.router import Attempt
 from gateway.upstream.hosted_fields import CACHE_MARKERS, RefusedField, refuse_provider_actions
 
-__all__ = ["RouterFields", "private_refusal"]
+# `metadata` keys a LiteLLM proxy routes, caches or skips guardrails by (see above).
+ROUTER_METADATA: Final = (
+    "tags",
+    "_routing_request_tags",
+    "inherited_tags",
+    "deployment",
+    "deployment_model_name",
+    "model_group",
+    "original_model_group",
+    "model_info",
+    "model_config",
+    "previous_models",
+    "routing_decision",
+    "quality_router_decision",
+    "adaptive_router_decision",
+    "adaptive_router_chosen_model",
+    "enable_prompt_caching",
+    "disable_global_guardrails",
+    "opted_out_global_guardrails",
+    "litellm_disabled_callbacks",
+)
+
+__all__ = ["ROUTER_METADATA", "RouterFields", "private_refusal"]
 
 _ROUTER: Final = "a router that may pass it to a hosted provider"
 _JUDGED: Final = frozenset({"chat", "completions"})
@@ -78,6 +111,7 @@ class RouterFields:
             try:
                 refuse_provider_actions(self._doc)
                 _refuse_other_cases(self._doc)
+                _refuse_router_metadata(self._doc)
             except RefusedField as exc:
                 self._refused = GatewayError(
                     ErrorCode.upstream_bad_request,
@@ -103,6 +137,21 @@ def _refuse_other_cases(doc: Mapping[str, Any]) -> None:
             refuse_provider_actions({spelled: value})
         except RefusedField:
             raise RefusedField(excerpt(name), f"a router may read it as `{spelled}`") from None
+
+
+def _refuse_router_metadata(doc: Mapping[str, Any]) -> None:
+    """`RefusedField` naming the first non-null `metadata` key a LiteLLM proxy routes,
+    caches or skips its guardrails by (`ROUTER_METADATA`)."""
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict):
+        return  # (a `metadata` that is not an object or null is refused for all backends)
+    for key in ROUTER_METADATA:
+        if metadata.get(key) is not None:
+            raise RefusedField(
+                f"metadata.{key}",
+                "a LiteLLM proxy routes, caches or skips its guardrails by it, past the "
+                "backend the policy admitted",
+            )
 
 
 def private_refusal(

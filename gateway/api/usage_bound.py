@@ -7,7 +7,8 @@ tenant is charged the reported usage only up to a bound the request itself justi
     bound = prompt bound + completion bound            (at most 2**53)
     prompt bound     = request body bytes + PROMPT_ALLOWANCE
                        + MEDIA_ALLOWANCE per media item (`media_parts`: a chat
-                         message's non-text parts and `images`, embeddings' media)
+                         message's non-text parts and `images`, embeddings' media;
+                         a request of more than 4,096 such items is refused)
     completion bound = answer bytes + choices * COMPLETION_ALLOWANCE
                        or, when the client set a limit every backend reads,
                        answer bytes + choices * limit when that is less
@@ -63,6 +64,7 @@ from itertools import repeat
 from typing import Any, Final
 
 from gateway.canonical import MAX_SAFE_INTEGER
+from gateway.errors import ErrorCode, GatewayError
 
 __all__ = [
     "COMPLETION_ALLOWANCE",
@@ -75,13 +77,16 @@ __all__ = [
     "media_parts",
     "over_bound",
     "prompt_bound",
+    "refuse_uncounted_media",
     "tokens_bound",
 ]
 
 PROMPT_ALLOWANCE: Final = 4096  # chat template, default system prompt, special tokens
 MEDIA_ALLOWANCE: Final = 65536  # per image, audio, video or file part
 COMPLETION_ALLOWANCE: Final = 131072  # per choice: tokens that leave no bytes
-_MEDIA_COUNTED: Final = 4096  # parts looked at per request (a bound on the walk itself)
+# Parts and media items a request may hold (a bound on the walk itself): past it, a body
+# is refused (`refuse_uncounted_media`), since the items past it would count for nothing.
+_MEDIA_COUNTED: Final = 4096
 
 
 def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
@@ -219,8 +224,26 @@ def media_parts(ask: Mapping[str, Any] | None) -> int:
     the last): `{"content": "hi", "Content": [13 images]}` and `{"type": "text", "Type":
     "image_url", ...}` are 13 images and an image to such a server, and were none to the
     reservation and the bound. A part counts when any of its type names is not text."""
+    return _counted(ask)[0]
+
+
+def refuse_uncounted_media(ask: Mapping[str, Any]) -> None:
+    """400 for a request of more than `_MEDIA_COUNTED` content parts and media items:
+    `media_parts` stops there, and media past it were reserved and bounded as none (a
+    request of 5,000 images was reserved 4,096 images' tokens)."""
+    if not _counted(ask)[1]:
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            f"the request holds more than {_MEDIA_COUNTED} content parts and media items "
+            "(its messages' parts and images, its prompts' media): send fewer, in more "
+            "requests",
+        )
+
+
+def _counted(ask: Mapping[str, Any] | None) -> tuple[int, bool]:
+    """(`media_parts`, whether every item was looked at)."""
     if ask is None:
-        return 0
+        return 0, True
     found = seen = 0
     for holder, key, every in _media_holders(ask):
         items = holder.get(key)
@@ -231,10 +254,10 @@ def media_parts(ask: Mapping[str, Any] | None) -> int:
         for item in items:
             seen += 1
             if seen > _MEDIA_COUNTED:
-                return found + _modality_inputs(ask)
+                return found + _modality_inputs(ask), False
             if every or _media_part(item):
                 found += 1
-    return found + _modality_inputs(ask)
+    return found + _modality_inputs(ask), True
 
 
 def _modality_inputs(ask: Mapping[str, Any]) -> int:

@@ -18,7 +18,9 @@ Anthropic's and Gemini's search tools):
   completion, readable with the gateway's key by anyone who holds it.
 - Prompt caches the client asks for: a non-null `cache_control` (or Bedrock's
   `cachePoint`) on the request, on any message or anything inside one (content parts,
-  tool calls), on a tool or its `function`/`custom` definition; `prompt_cache_retention`
+  tool calls), on a tool or its `function`/`custom` definition, in any case (a router in
+  Go behind a `kind: openai` backend reads `"Cache_Control"` as the marker);
+  `prompt_cache_retention`
   other than `in_memory`. LiteLLM 1.108.7 forwards `cache_control` to Anthropic (`"ttl":
   "1h"` keeps the prompt an hour), to Bedrock as a `cachePoint`, and for Gemini and
   Vertex creates a context cache (a stored `cachedContents` resource in the gateway's
@@ -104,15 +106,40 @@ def _refuse_prompt_caches(doc: Mapping[str, Any]) -> None:
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         found = _marker_in(message)
         if found is not None:
-            raise RefusedField(_path(f"messages[{i}]", found), _CACHE)
+            raise RefusedField(_path(f"messages[{i}]", found), _why(found[-1]))
     tools = doc.get("tools")
     for i, tool in enumerate(tools if isinstance(tools, list) else ()):
         # A tool and its definition, not the definition's `parameters`: a JSON schema may
         # name a property `cache_control`. LiteLLM reads both places (Anthropic, Bedrock).
         for where, obj in ((f"tools[{i}]", tool), *_definitions(f"tools[{i}]", tool)):
-            for key in CACHE_MARKERS:
-                if isinstance(obj, dict) and obj.get(key) is not None:
-                    raise RefusedField(f"{where}.{key}", _CACHE)
+            marker = _marker(obj) if isinstance(obj, dict) else None
+            if marker is not None:
+                named = _FOLDED_MARKERS[marker.casefold()]
+                raise RefusedField(f"{where}.{named}", _why(marker))
+
+
+# The markers by their case-folded names: a router in Go (encoding/json) matches names
+# without regard to case, folding U+017F and U+212A to `s` and `k`, so `"Cache_Control"`
+# inside a message is a prompt cache to it. Such a name is named as the marker it reads.
+_FOLDED_MARKERS: Final = {name.casefold(): name for name in CACHE_MARKERS}
+_MARKER_LENGTHS: Final = frozenset(map(len, _FOLDED_MARKERS))
+
+
+def _marker(node: dict[str, Any]) -> str | None:
+    """The key of `node`'s first non-null cache marker, in any case (as written)."""
+    for key in CACHE_MARKERS:
+        if node.get(key) is not None:
+            return key
+    for key, value in node.items():
+        if len(key) in _MARKER_LENGTHS and value is not None and key.casefold() in _FOLDED_MARKERS:
+            return key
+    return None
+
+
+def _why(key: str | int) -> str:
+    if not isinstance(key, str) or key in CACHE_MARKERS:
+        return _CACHE
+    return f"{_CACHE} (a name a router reads as the marker, whatever its case)"
 
 
 def _definitions(where: str, tool: Any) -> list[tuple[str, Any]]:
@@ -135,9 +162,9 @@ def _marker_in(message: Any) -> tuple[str | int, ...] | None:
     while stack:
         steps, node = stack.pop()
         if isinstance(node, dict):
-            for key in CACHE_MARKERS:
-                if node.get(key) is not None:
-                    return _unwound((key, steps))
+            key = _marker(node)
+            if key is not None:
+                return _unwound((key, steps))
             children: list[tuple[str | int, Any]] = list(node.items())
         elif isinstance(node, list):
             children = list(enumerate(node))
@@ -161,7 +188,10 @@ def _path(message: str, parts: tuple[str | int, ...]) -> str:
     if len(parts) > _MAX_PATH:
         return message
     where = message
-    for part in parts:
+    *steps, last = parts
+    # the marker: named as the marker a router reads it as
+    named = _FOLDED_MARKERS.get(last.casefold(), last) if isinstance(last, str) else last
+    for part in (*steps, named):
         if isinstance(part, int):
             where += f"[{part}]"
         elif _PLAIN_KEY.fullmatch(part):

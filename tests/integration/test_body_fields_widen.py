@@ -218,6 +218,16 @@ ROUTED: list[tuple[dict[str, Any], str]] = [
         },
         "messages[0].content[0].cache_control",
     ),
+    # a LiteLLM proxy's tag-based routing: the deployments tagged so (another region's)
+    ({"metadata": {"tags": ["eu-deployment"]}}, "metadata.tags"),
+    ({"metadata": {"inherited_tags": ["eu-deployment"]}}, "metadata.inherited_tags"),
+    ({"metadata": {"_routing_request_tags": ["eu"]}}, "metadata._routing_request_tags"),
+    ({"metadata": {"disable_global_guardrails": True}}, "metadata.disable_global_guardrails"),
+    # in another case: a router in Go reads it as the marker (named as the marker)
+    (
+        {"messages": [{"role": "user", "content": "hi", "Cache_Control": {"type": "ephemeral"}}]},
+        "messages[0].cache_control",
+    ),
 ]
 
 
@@ -430,5 +440,12 @@ def test_a_harmless_value_in_another_case_still_reaches_a_private_router(
     gateway, sim = router
     body = orjson.dumps(ASK)[:-1] + b', "Store": false, "Audio": null}'
     answer = post(gateway, body)
+    assert answer.status_code == 200, answer.text
+    assert served(sim) == 1
+
+
+def test_other_metadata_still_reaches_a_private_router(router: tuple[Gateway, Sim]) -> None:
+    gateway, sim = router
+    answer = post(gateway, orjson.dumps({**ASK, "metadata": {"topic": "x", "tags": None}}))
     assert answer.status_code == 200, answer.text
     assert served(sim) == 1

@@ -345,8 +345,9 @@ def test_a_tenant_names_no_other_tenants_cache_key_or_user_at_a_private_router(
     gateway, sim, vkey = private_rig
     written = dict.fromkeys(IDENTIFIERS, "other-tenant-conversation-7f3a")
     plain = orjson.dumps({"model": "m", "max_tokens": 2, "messages": HISTORY, **written})
-    # `User` in another case, `user` twice (a first-wins reader takes the first copy)
-    twice = plain[:-1] + b',"User":"other-tenant-x","user":"other-tenant-y"}'
+    # `User` in another case (`user` twice is refused: a first-wins reader takes the first
+    # copy; gateway/api/body_names.py)
+    twice = plain[:-1] + b',"User":"other-tenant-x"}'
     bodies, responses = [], []
     for key, body in (
         (OTHER_KEY, plain),
@@ -372,8 +373,16 @@ def test_a_tenant_names_no_other_tenants_cache_key_or_user_at_a_private_router(
         assert theirs[name] != mine[name], name
         for value in (theirs[name], mine[name], repeated[name]):
             assert value.startswith("og-") and len(value) <= 64, (name, value)
-    assert repeated["User"].startswith("og-") and repeated["user"] != mine["user"]
-    assert sent[3].count(b'"user":') == 1  # the repeat is gone: no reader finds the first
+    assert repeated["User"].startswith("og-") and repeated["User"] != mine["user"]
+    assert sent[3].count(b'"user":') == 1
+    refused = httpx.post(
+        f"{gateway.url}/v1/chat/completions",
+        content=plain[:-1] + b',"user":"other-tenant-y"}',
+        headers={"authorization": f"Bearer {TENANT_KEY}", "content-type": "application/json"},
+        timeout=60,
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "user"
+    assert len(sim.app.captured("/v1/chat/completions")) == 4
     verifiers = load_verifiers([vkey])
     for body, response in zip(bodies, responses, strict=True):
         request_id = response.headers["x-request-id"]

@@ -201,7 +201,11 @@ def test_the_exact_repeat_check_holds_little_more_than_the_parse(item: bytes) ->
     try:
         with pytest.raises(GatewayError):  # `model` twice in the top object? no: refused
             parse_body(body.replace(b',"y":{"model":1}}', b',"model":"n"}'))
-        parse_body(body)
+        if item.count(b'"model"') > 1:  # a repeat in a nested object: refused too
+            with pytest.raises(GatewayError, match="repeats a name"):
+                parse_body(body)
+        else:
+            parse_body(body)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

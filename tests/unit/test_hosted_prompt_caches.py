@@ -107,3 +107,33 @@ def test_a_marker_under_a_key_of_the_clients_own_names_only_the_message() -> Non
 )  # fmt: skip
 def test_requests_that_ask_for_no_cache_pass(doc: dict[str, Any]) -> None:
     refuse_provider_actions({"model": "m", **doc})
+
+
+# A router in Go behind a `kind: openai` backend (encoding/json) matches names without
+# regard to case: `"Cache_Control"` in a content part is a prompt cache to it. Before, the
+# markers were read in their exact case only inside messages and tools, so these passed.
+@pytest.mark.parametrize(
+    ("doc", "param"),
+    [
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a",
+                                                     "Cache_Control": HOUR}]}]},
+         "messages[0].content[0].cache_control"),
+        ({"messages": [{**USER, "CACHE_CONTROL": HOUR}]}, "messages[0].cache_control"),
+        ({"messages": [{"role": "user", "content": [text(cachepoint={"type": "default"})]}]},
+         "messages[0].content[0].cachePoint"),
+        ({"messages": [USER], "tools": [{"type": "function", "function": {
+            **FUNCTION, "Cache_control": HOUR}}]},
+         "tools[0].function.cache_control"),
+        ({"messages": [USER], "tools": [{"type": "function", "function": FUNCTION,
+                                         "CachePoint": {"type": "default"}}]},
+         "tools[0].cachePoint"),
+    ],
+)  # fmt: skip
+def test_a_marker_in_another_case_is_refused_as_the_marker(doc: dict[str, Any], param: str) -> None:
+    error = refused(doc)
+    assert error.param == param
+    assert "Cache_" not in str(error) and "CACHE" not in str(error)
+
+
+def test_a_null_marker_in_another_case_passes() -> None:
+    refuse_provider_actions({"model": "m", "messages": [{**USER, "Cache_Control": None}]})

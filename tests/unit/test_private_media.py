@@ -167,8 +167,17 @@ def test_urls_fetchers_read_differently_are_bad(url: str) -> None:
             {"model": "m", "modality": "image", "input": ["data:image/png;,A", "/etc/passwd"]},
             "input[1]",
         ),
+        # vLLM's `mm_payload`, multimodal input beside the messages: before, never read
+        (
+            {"model": "m", "messages": [{"role": "user", "content": "x"}],
+             "mm_payload": {"image": [{"image_url": "http://10.0.0.1/a.png"}]}},
+            "mm_payload",
+        ),
+        ({"model": "m", "prompt": "x", "mm_payload": ["file:///etc/passwd"]}, "mm_payload"),
+        ({"model": "m", "prompt": "x", "mm_payload": {"video": {"url": "/srv/v.mp4"}}},
+         "mm_payload"),
     ],
-)
+)  # fmt: skip
 def test_references_inside_the_network_are_refused(doc: dict[str, Any], param: str) -> None:
     refused = refusal(doc)
     assert refused is not None and refused.param == param
@@ -191,6 +200,7 @@ def test_references_inside_the_network_are_refused(doc: dict[str, Any], param: s
         {"model": "m", "modality": "text", "input": ["http://10.0.0.1/"]},
         {"model": "m", "modality": None, "input": "http://10.0.0.1/"},
         {"model": "m", "modality": "image", "input": ["https://images.example.com/a.png"]},
+        {"model": "m", "prompt": "x", "mm_payload": {"image": ["data:image/png;,A", "a1b2"]}},
     ],
 )
 def test_text_data_and_public_urls_pass(doc: dict[str, Any]) -> None:

@@ -17,9 +17,11 @@ from gateway.api.usage_bound import (
     MEDIA_ALLOWANCE,
     PROMPT_ALLOWANCE,
     over_bound,
+    refuse_uncounted_media,
     tokens_bound,
 )
 from gateway.canonical import canonical_json
+from gateway.errors import GatewayError
 from gateway.provenance import LogEntry, RecordError, Salts, Usage, completion_record
 from gateway.provenance.formats.record_parser import parse_record
 from gateway.provenance.formats.schema import problem
@@ -390,3 +392,19 @@ def test_the_media_count_stops_walking_a_batch_at_its_bound() -> None:
     batch = _Walked([{"text": "a", "image": "b"}] * 50_000)
     assert tokens_bound({"input": batch}, 100, 0) > 4096 * MEDIA_ALLOWANCE
     assert batch.reached <= 4097
+
+
+def _images(count: int) -> dict[str, Any]:
+    part = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    return {"messages": [{"role": "user", "content": [part] * count}]}
+
+
+def test_media_past_the_count_are_refused_not_counted_as_none() -> None:
+    # 5,000 images were reserved and bounded as 4,096: the rest counted for nothing.
+    refuse_uncounted_media(_images(4096))  # every one counted
+    with pytest.raises(GatewayError) as caught:
+        refuse_uncounted_media(_images(4097))
+    assert (caught.value.status, caught.value.code.value) == (400, "invalid_request")
+    assert "4096" in caught.value.message
+    with pytest.raises(GatewayError):  # an SGLang batch of input objects, the same
+        refuse_uncounted_media({"input": [{"text": "a", "image": "b"}] * 5000})
