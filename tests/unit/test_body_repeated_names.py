@@ -105,13 +105,17 @@ def _repeats(body: bytes) -> bool:
     return found
 
 
-_NAMES = ["a", "b", "a:", "a\\u003a", "\\u0061", 'q\\"', "model", "store", "\u00e9:", "\\u00e9:"]
+_NAMES = [
+    *("a", "b", "a:", "a\\u003a", "a\\\\u003a", "a\\\\\\u003A", "\\u0061", 'q\\"'),
+    *("model", "store", "\u00e9:", "\\u00e9:"),
+]
 _key = st.sampled_from(_NAMES).map(lambda n: f'"{n}"')
 _scalar = st.one_of(
     st.text(max_size=12).map(json.dumps),
     st.text(max_size=12).map(lambda t: json.dumps(t, ensure_ascii=False)),
     st.text(alphabet=':"\\ab', max_size=8).map(json.dumps),
     st.just('"\\u003a: \\u003A"'),
+    st.just('"\\\\u003a \\\\\\u003a \\u0030"'),  # text, then an escaped colon; a digit
     st.just(json.dumps("long text: " * 12 + '"quoted": yes')),
     st.integers().map(str),
     st.just("null"),
@@ -162,3 +166,46 @@ def test_the_scan_counts_the_members() -> None:
     scan = scan_body(body)
     assert scan is not None and scan.colons == 4
     assert body_names._members(orjson.loads(body)) == 4
+
+
+class _Walks:
+    """Counts the exact check's parses (`_first_repeat`)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        exact = body_names._first_repeat
+
+        def counted(body: bytes) -> Any:
+            self.calls += 1
+            return exact(body)
+
+        monkeypatch.setattr(body_names, "_first_repeat", counted)
+
+
+_MANY = b",".join([b'{"a": 1, "b": [1, 2]}'] * 20_000)  # ~440 KB of small objects
+
+
+@pytest.mark.parametrize("walked", [True, False])
+def test_an_escape_that_is_no_colon_costs_no_exact_check(
+    monkeypatch: pytest.MonkeyPatch, walked: bool
+) -> None:
+    """Before, any `\\u003` in a body (`\\u0030`, a digit) sent it to the exact check:
+    a parse keeping every pair and a walk in Python, seven seconds of the event loop for
+    7 MB of small objects, and then the request was served anyway."""
+    walks = _Walks(monkeypatch)
+    text = b'"x\\u0030 \\u003a \\\\u003a"'
+    body = b'{"model": "m", "messages": [{"role": "user", "content": ' + text + b'}], "x": ['
+    body += _MANY + b"]}"
+    parse_body(body, scan_body(body) if walked else None)
+    assert walks.calls == 0
+
+
+@pytest.mark.parametrize("walked", [True, False])
+def test_a_large_body_repeating_a_name_is_refused_without_the_walk(
+    monkeypatch: pytest.MonkeyPatch, walked: bool
+) -> None:
+    walks = _Walks(monkeypatch)
+    body = ASK + b', "x": [' + _MANY + b', {"a": 1, "a": 2}]}'
+    error = refused(body, walked)
+    assert walks.calls == 0
+    assert "repeats a name in an object" in error.message and error.param is None
