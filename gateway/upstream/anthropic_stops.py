@@ -32,12 +32,15 @@ never seen: relayed `stop` and `[DONE]`; and it took a second over a first that 
 nothing (`pause_turn`, then `end_turn`: `stop`). Which one the provider meant cannot be
 told, so a stream whose `message_delta`s give two different stop reasons is unfinished.
 Once a stop reason has come, the parser reads on to `message_stop` (or the stream's end;
-`_READ_ON` lines at most, each within the stream's idle bound) before it hands that chunk
-on, keeping what it read for the chunks after it (`_reading_on`): a second, different
-reason raises `ContradictoryStop` there, and the stream ends with the gateway's error
-event in place of the finish, no `[DONE]` (its record: 502). A repeated reason, or a
-null one after a reason, changes nothing. (The gateway reads LiteLLM's streams
-asynchronously; the parser's sync `__next__` is left as it is.)
+all of it within one wait of the stream's idle bound) before it hands that chunk on,
+keeping what it read for the chunks after it (`_reading_on`): a second, different reason
+raises `ContradictoryStop` there, and the stream ends with the gateway's error event in
+place of the finish, no `[DONE]` (its record: 502). A repeated reason, or a null one
+after a reason, changes nothing. A stream that goes on past `_READ_ON` lines after its
+stop reason without `message_stop` (an honest one sends `message_stop` next, a ping or
+two at most) is unfinished the same way: a provider that padded the lines between two
+reasons with pings had the first relayed, the second never read. (The gateway reads
+LiteLLM's streams asynchronously; the parser's sync `__next__` is left as it is.)
 """
 
 from __future__ import annotations
@@ -81,8 +84,9 @@ _READ_ON: Final = 64
 
 
 class ContradictoryStop(RuntimeError):
-    """An Anthropic stream gave a second `stop_reason` that differs from its first: which
-    ended the answer cannot be told, so it is unfinished (the gateway's words only)."""
+    """An Anthropic stream gave a second `stop_reason` that differs from its first, or went
+    on past `_READ_ON` lines after it without `message_stop`: which reason ended the answer
+    cannot be told, so it is unfinished (the gateway's words only)."""
 
 
 def unfinished_stop(stop_reason: object) -> str | None:
@@ -190,10 +194,13 @@ def _reading_on(anext: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def _read_on(anext: Callable[..., Any], parser: Any) -> list[Any]:
-    """The chunks after a stop reason, up to `message_stop` or the end of the stream
-    (`_READ_ON` at most): a `message_delta` among them is checked (`_one_reason`)."""
+    """The chunks after a stop reason, up to `message_stop` or the end of the stream: a
+    `message_delta` among them is checked (`_one_reason`); past `_READ_ON` of them,
+    `ContradictoryStop` (what came after them is not known)."""
     read: list[Any] = []
-    while len(read) < _READ_ON and not getattr(parser, _STOPPED, False):
+    while not getattr(parser, _STOPPED, False):
+        if len(read) >= _READ_ON:
+            raise ContradictoryStop("the stream went on after its stop reason (unfinished)")
         try:
             read.append(await anext(parser))
         except StopAsyncIteration:

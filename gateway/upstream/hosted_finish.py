@@ -91,10 +91,15 @@ def unfinished(answer: bytes | None, route: str = "") -> str | None:
         return None
     if route in COHERE_ROUTES:  # Cohere's chat, v1 or v2: one `finish_reason`
         return not_finished([doc.get("finish_reason")], COHERE_FINISHED)
-    if doc.get("object") == "response":  # the Responses API's, under LiteLLM's bridge
-        return responses_unfinished(doc)
     choices = doc.get("choices")
-    if isinstance(choices, list) and choices:  # OpenAI's wire (finish_reasons.py)
+    choices = choices if isinstance(choices, list) else []
+    if doc.get("object") == "response":  # the Responses API's, under LiteLLM's bridge
+        why = responses_unfinished(doc)
+        if why is not None or not choices:
+            return why
+        # choices too: judged as well, lest `"object": "response", "status": "completed"`
+        # next to a choice with no finish reason pass it as LiteLLM's "stop"
+    if choices:  # OpenAI's wire (finish_reasons.py)
         return not_finished([_openai_reason(c) for c in choices], OPENAI_FINISHED)
     if doc.get("type") == "message" and "content" in doc:
         return unfinished_stop(doc.get("stop_reason"))

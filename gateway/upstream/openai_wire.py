@@ -13,7 +13,8 @@ LiteLLM 1.108.7's mapping leaves it out without a word), whose answer is floats:
 client asked for base64 and got a list. Such an answer's vectors are given as OpenAI gives
 them (`base64_embedding`: each number as a little-endian float32, the bytes in base64),
 so the client gets the encoding it asked for whichever adapter served it; a vector the
-provider sent as base64 already is left as it is.
+provider sent as base64 already is left as it is. A vector of numbers relayed as such holds
+only finite numbers (`_finite`): orjson writes a provider's `NaN` or `Infinity` as `null`.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def encode_response(
         for item in doc.get("data") or ():
             if isinstance(item, dict):
                 item.setdefault("object", "embedding")
-                if in_base64 and isinstance(item.get("embedding"), list):
-                    item["embedding"] = base64_embedding(item["embedding"])
+                vector = item.get("embedding")
+                if isinstance(vector, list):
+                    item["embedding"] = (base64_embedding if in_base64 else _finite)(vector)
         if usage is not None:
             doc["usage"] = {
                 "prompt_tokens": usage["prompt_tokens"],
@@ -95,6 +97,16 @@ def encode_response(
             choice.setdefault("text", "")
         choice.setdefault("finish_reason", None)
     return orjson.dumps(doc), usage
+
+
+def _finite(vector: list[Any]) -> list[Any]:
+    """`vector` when each item is a finite number; raises `TypeError` otherwise. A
+    provider's `NaN` or `Infinity` (or a number past float64's, read as infinite) is not
+    JSON, but Python's parser, LiteLLM's, reads it, and orjson wrote it as `null`: the
+    client got, and the record committed to, a vector the provider never sent."""
+    if not all(type(v) is int or (type(v) is float and math.isfinite(v)) for v in vector):
+        raise TypeError("an embedding holds an item that is not a finite number")
+    return vector
 
 
 def base64_embedding(vector: list[Any]) -> str:

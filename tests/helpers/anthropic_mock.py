@@ -15,7 +15,8 @@ stream's body after its first N text deltas, cleanly framed but without `message
 and `message_stop` (a provider that closed the stream early); `stop_reason = ("pause_turn",)`
 sends that `stop_reason` (or null, `(None,)`) in place of the one the answer earned;
 `second_stop_reason = ("max_tokens",)` sends a second `message_delta` with that `stop_reason`
-(an honest stream sends one: a contradictory stream). Run it with
+(an honest stream sends one: a contradictory stream); `pings_after_stop = N` sends N
+`ping` events after the first `message_delta`. Run it with
 `gateway.serving.ServerThread`.
 """
 
@@ -71,6 +72,7 @@ class AnthropicMock:
     cut_after: int | None = None
     stop_reason: tuple[str | None] | None = None
     second_stop_reason: tuple[str | None] | None = None
+    pings_after_stop: int = 0
     received: list[Received] = field(default_factory=list)
     completed: int = 0
     disconnects: int = 0
@@ -84,6 +86,7 @@ class AnthropicMock:
         self.cut_after = None
         self.stop_reason = None
         self.second_stop_reason = None
+        self.pings_after_stop = 0
         self.received.clear()
         self.completed = 0
         self.disconnects = 0
@@ -196,7 +199,7 @@ class AnthropicMock:
                 {"type": "content_block_delta", "index": 0, "delta": delta},
             )
         await _event(send, "content_block_stop", {"type": "content_block_stop", "index": 0})
-        for reason in (stop_reason, *(self.second_stop_reason or ())):
+        for n, reason in enumerate((stop_reason, *(self.second_stop_reason or ()))):
             await _event(
                 send,
                 "message_delta",
@@ -206,6 +209,8 @@ class AnthropicMock:
                     "usage": {"output_tokens": len(words)},
                 },
             )
+            for _ in range(self.pings_after_stop if n == 0 else 0):
+                await _event(send, "ping", {"type": "ping"})
         await _event(send, "message_stop", {"type": "message_stop"}, last=True)
 
 

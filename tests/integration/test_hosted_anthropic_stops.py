@@ -46,12 +46,15 @@ def served(
     stop_reason: str | None,
     doc: dict[str, Any],
     second: tuple[str | None] | None = None,
+    pings: int = 0,
 ) -> httpx.Response:
     """What the client got for `doc` from Anthropic answering with `stop_reason` (and a
-    second `message_delta` with `second`, when given)."""
+    second `message_delta` with `second`, when given; `pings` ping events after the
+    first)."""
     mock = AnthropicMock(api_key=KEY, reply="one two three")
     mock.stop_reason = (stop_reason,)
     mock.second_stop_reason = second
+    mock.pings_after_stop = pings
     (tmp_path / "policies").mkdir()
     (tmp_path / "policies" / "hosted.yaml").write_text(HOSTED_ONLY_POLICY)
     with ServerThread(mock) as provider:
@@ -112,6 +115,40 @@ def test_a_stream_whose_message_deltas_give_two_stop_reasons_is_broken_off(
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["error"]) == (502, "upstream_error")
     assert record["response_commitment"] == commit("response", salt, seen)
+
+
+@pytest.mark.parametrize(
+    ("second", "pings"), [(("max_tokens",), 25), (None, 25), (("end_turn",), 25)]
+)
+def test_a_stream_that_goes_on_long_past_its_stop_reason_is_broken_off(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    second: tuple[str | None] | None,
+    pings: int,
+) -> None:
+    # 25 pings (75 lines) between the stop reason and what follows it. Before: the parser
+    # read on 64 lines and handed the finish on: `end_turn` then `max_tokens` was relayed
+    # `stop`, `[DONE]` and all, recorded 200. An honest stream sends `message_stop` next.
+    response = served(start_gateway, tmp_path, "end_turn", CHAT, second=second, pings=pings)
+    assert response.status_code == 200  # the headers went out with the first delta
+    seen, error, _ = response.content.partition(b'data: {"error"')
+    assert error, response.content
+    assert b"[DONE]" not in response.content
+    assert b'"finish_reason":"' not in seen
+    request_id, salt = salt_of(stream_receipt(response.content))
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["error"]) == (502, "upstream_error")
+    assert record["response_commitment"] == commit("response", salt, seen)
+
+
+@pytest.mark.parametrize("pings", [1, 3])
+def test_a_stream_with_pings_after_its_stop_reason_is_finished(
+    start_gateway: Callable[..., Gateway], tmp_path: Path, pings: int
+) -> None:
+    response = served(start_gateway, tmp_path, "end_turn", CHAT, pings=pings)
+    assert response.status_code == 200
+    assert b"data: [DONE]" in response.content, response.content
+    assert b'"finish_reason":"stop"' in response.content
 
 
 @pytest.mark.parametrize("again", ["end_turn", None])

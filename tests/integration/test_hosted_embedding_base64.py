@@ -15,6 +15,7 @@ import array
 import asyncio
 import base64
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -89,4 +90,16 @@ def test_a_vector_past_float32_is_a_protocol_failure_not_an_infinity(
 ) -> None:
     with pytest.raises(HostedError) as failed:
         embedded(start_raw, [[1e39, 0.0], [0.0, 0.0]], "base64")
+    assert failed.value.kind == "protocol"
+
+
+@pytest.mark.parametrize("encoding", ["float", None, "base64"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_vector_holding_nan_or_infinity_is_a_protocol_failure_not_null(
+    start_raw: Callable[[Answer], RawBackend], encoding: str | None, bad: float
+) -> None:
+    # `NaN` and `Infinity` are not JSON, but LiteLLM's parser reads them. Before: the
+    # float answer was relayed (and committed to) as `[null, 0.0]`.
+    with pytest.raises(HostedError) as failed:
+        embedded(start_raw, [[bad, 0.0], [0.0, 0.0]], encoding)
     assert failed.value.kind == "protocol"

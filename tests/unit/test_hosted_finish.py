@@ -104,6 +104,32 @@ def choices(*reasons: Any) -> bytes:
         (responses("cancelled"), True),
         (responses("in_progress"), True),
         (responses("queued"), True),
+        # Both shapes in one answer: judged as both (a finished status does not pass a
+        # choice without a finish reason, nor finished choices a failed status).
+        (
+            body({"object": "response", "status": "completed", "choices": [{"index": 0}]}),
+            True,
+        ),
+        (
+            body(
+                {
+                    "object": "response",
+                    "status": "failed",
+                    "choices": [{"index": 0, "finish_reason": "stop"}],
+                }
+            ),
+            True,
+        ),
+        (
+            body(
+                {
+                    "object": "response",
+                    "status": "completed",
+                    "choices": [{"index": 0, "finish_reason": "stop"}],
+                }
+            ),
+            False,
+        ),
         (body({"choices": []}), False),  # no choice to judge
         (body([1, 2]), False),
         (b"not json", False),
