@@ -535,6 +535,27 @@ def test_many_small_chunks_are_served() -> None:
     assert len(got[0]) == 3000
 
 
+@pytest.mark.parametrize("size", [1, 20])
+@pytest.mark.parametrize("begins", ["with-the-head", "in-the-body"])
+def test_a_read_of_many_small_chunks_is_served(size: int, begins: str) -> None:
+    """Only the framing a read ends with carries into the next read, not all the framing
+    between its body bytes: one read of small chunks (a client's generator yielding a
+    few bytes each) with more framing than the head limit in all, and the body still
+    arriving, was 431, in a read that began in the body, and since the framing of the
+    read that ended the head was counted, in that one too."""
+    head = b"POST / HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunks = b"".join(b"%x\r\n%s\r\n" % (size, b"a" * size) for _ in range(200_000 // (size + 6)))
+    reads = [head + chunks, b"0\r\n\r\n"]
+    if begins == "in-the-body":
+        reads = [head + b"1\r\na\r\n", chunks, b"0\r\n\r\n"]
+    status, _, body = parse(_feed(reads))
+    assert status == 200, body
+    # what the read ends with still counts: an endless chunk line or trailer field
+    for tail in [b"3;e=" + b"a" * 40_000, b"0\r\nx-a: " + b"a" * 40_000]:
+        status, _, body = parse(_feed([*reads[:-2], reads[-2] + tail, b"\r\n"]))
+        assert status == 431 and json.loads(body)["error"]["code"] == "headers_too_large"
+
+
 def test_an_upgrade_request_is_refused_and_its_body_never_runs() -> None:
     """The parser stops at a head that asks for an upgrade; served as plain HTTP, the
     body was read later as a request of its own (smuggled past a proxy in front, with its
