@@ -207,7 +207,10 @@ class LimitedHttpProtocol(RefusingProtocol):
         if self._in_head:
             if self._head_begun:  # a head is still arriving
                 if self._begun_in_read:  # after a request ended in this read
-                    self._head_bytes = self._past_heads(prior)
+                    # its lines: the request line, a field per header, one not yet
+                    # handed over (`on_header` comes when the next begins), a partial one
+                    lines = len(self.headers) + 3
+                    self._head_bytes = last_lines(data, self._past_heads(prior), lines)
                 limit = self.limits.max_header_bytes
                 if self._head_bytes > limit:
                     self._refuse(
@@ -342,7 +345,7 @@ class LimitedHttpProtocol(RefusingProtocol):
         framing it ends with (`trailing_framing`), a read of framing alone adds up."""
         framing = self._past_heads(prior)
         if self._body_read or self._read_heads:
-            self._framing = trailing_framing(data, framing)
+            self._framing = last_lines(data, framing, 2)
         else:
             self._framing += framing
         limit = self.limits.max_header_bytes
@@ -352,18 +355,23 @@ class LimitedHttpProtocol(RefusingProtocol):
         return True
 
 
-def trailing_framing(data: bytes, framing: int) -> int:
-    """What to count of the framing that ends `data` (after its last body byte, or a
-    head's end), `framing` being all its bytes that are neither body nor head: those
-    after its second-to-last line feed, when both lie among its last `framing` bytes,
-    else `framing`. All the parser may still hold or wait on lies there: a partial
-    chunk-size line (it holds no line feed), or the one trailer field a read may end
-    with and a partial line (a second field is refused, `on_header`; obs-fold is a
-    parse error); before them are complete lines it holds nothing of (the CRLF after
-    chunk data, the last chunk's line). Counted whole, the framing between the small
-    chunks of one read (a client's generator yielding a few bytes each: 6,000 chunks of
-    20 bytes) was 431 when a body was still arriving at the read's end."""
-    start = max(len(data) - framing, 0)
-    last = data.rfind(b"\n", start)
-    before = data.rfind(b"\n", start, last) if last > start else -1
-    return framing if before < 0 else len(data) - before - 1
+def last_lines(data: bytes, most: int, lines: int) -> int:
+    """What to count of the run that ends `data`, of at most `most` bytes (what is neither
+    body nor a head that ended in it): its bytes after the `lines`-th line feed from the
+    end, when all of those lie among its last `most` bytes, else `most`. `lines` is 2 for
+    chunk framing: all the parser may still hold or wait on after the last body byte is a
+    partial chunk-size line (no line feed: one ends it), or the one trailer field a read
+    may end with and a partial line (a second field is refused, `on_header`; obs-fold is
+    a parse error); before them are complete lines it holds nothing of (the CRLF after
+    chunk data, the last chunk's line). For a head begun in the read, one more than its
+    lines (`data_received`). Counted whole, the framing between the small chunks of one
+    read (a client's generator yielding a few bytes each: 6,000 chunks of 20 bytes) was
+    431 when a body was still arriving at the read's end, and so was a small pipelined
+    head split over reads after such a body."""
+    start = end = len(data)
+    floor = max(end - most, 0)
+    for _ in range(lines):
+        end = data.rfind(b"\n", floor, end)
+        if end < 0:
+            return most
+    return start - end - 1

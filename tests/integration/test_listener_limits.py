@@ -351,6 +351,21 @@ def test_a_pipelined_head_begun_in_the_read_that_ended_a_body_is_counted() -> No
     assert out.count(b"HTTP/1.1 200") == 2
 
 
+def test_a_pipelined_head_after_a_body_of_small_chunks_is_counted_alone() -> None:
+    """A head begun in the read that ended the request before it counts its own lines,
+    not the chunk framing before it: after a body of small chunks (more framing than the
+    limit), a small pipelined head split over reads was 431."""
+    chunked = b"POST / HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunked += b"1\r\na\r\n" * 10_000 + b"0\r\n\r\n"
+    second = b"GET / HTTP/1.1\r\nhost: g\r\nx-a: " + b"a" * 20_000
+    out = _feed([chunked + second, b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 2, out[-300:]
+    # a head past the limit in many lines is still counted whole
+    fields = b"".join(b"x-%d: %s\r\n" % (i, b"v" * 1000) for i in range(30))
+    out = _feed([chunked + b"GET / HTTP/1.1\r\n" + fields + b"x-b: ", b"b" * 5000 + b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 1 and out.count(b"HTTP/1.1 431") == 1
+
+
 def test_a_small_head_in_one_read_with_a_large_body_is_served() -> None:
     """The read is over the limit but the head is not: only the head counts."""
     body = b"x" * 200_000
