@@ -342,7 +342,7 @@ class LimitedHttpProtocol(RefusingProtocol):
         limit: a chunk-size line, its extensions or trailer fields the parser would
         otherwise buffer without bound. Body bytes start the count over, so many small
         chunks are fine; a read that carried body data, or a head's end, counts the
-        framing it ends with (`trailing_framing`), a read of framing alone adds up."""
+        framing it ends with (`last_lines`), a read of framing alone adds up."""
         framing = self._past_heads(prior)
         if self._body_read or self._read_heads:
             self._framing = last_lines(data, framing, 2)
