@@ -351,6 +351,21 @@ def test_a_pipelined_head_begun_in_the_read_that_ended_a_body_is_counted() -> No
     assert out.count(b"HTTP/1.1 200") == 2
 
 
+def test_a_pipelined_head_after_a_body_of_small_chunks_is_counted_alone() -> None:
+    """A head begun in the read that ended the request before it counts its own lines,
+    not the chunk framing before it: after a body of small chunks (more framing than the
+    limit), a small pipelined head split over reads was 431."""
+    chunked = b"POST / HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunked += b"1\r\na\r\n" * 10_000 + b"0\r\n\r\n"
+    second = b"GET / HTTP/1.1\r\nhost: g\r\nx-a: " + b"a" * 20_000
+    out = _feed([chunked + second, b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 2, out[-300:]
+    # a head past the limit in many lines is still counted whole
+    fields = b"".join(b"x-%d: %s\r\n" % (i, b"v" * 1000) for i in range(30))
+    out = _feed([chunked + b"GET / HTTP/1.1\r\n" + fields + b"x-b: ", b"b" * 5000 + b"\r\n\r\n"])
+    assert out.count(b"HTTP/1.1 200") == 1 and out.count(b"HTTP/1.1 431") == 1
+
+
 def test_a_small_head_in_one_read_with_a_large_body_is_served() -> None:
     """The read is over the limit but the head is not: only the head counts."""
     body = b"x" * 200_000
@@ -533,6 +548,27 @@ def test_many_small_chunks_are_served() -> None:
         status, _, body = parse(exchange(server, request))
     assert (status, body) == (200, b"ok")
     assert len(got[0]) == 3000
+
+
+@pytest.mark.parametrize("size", [1, 20])
+@pytest.mark.parametrize("begins", ["with-the-head", "in-the-body"])
+def test_a_read_of_many_small_chunks_is_served(size: int, begins: str) -> None:
+    """Only the framing a read ends with carries into the next read, not all the framing
+    between its body bytes: one read of small chunks (a client's generator yielding a
+    few bytes each) with more framing than the head limit in all, and the body still
+    arriving, was 431, in a read that began in the body, and since the framing of the
+    read that ended the head was counted, in that one too."""
+    head = b"POST / HTTP/1.1\r\nhost: g\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunks = b"".join(b"%x\r\n%s\r\n" % (size, b"a" * size) for _ in range(200_000 // (size + 6)))
+    reads = [head + chunks, b"0\r\n\r\n"]
+    if begins == "in-the-body":
+        reads = [head + b"1\r\na\r\n", chunks, b"0\r\n\r\n"]
+    status, _, body = parse(_feed(reads))
+    assert status == 200, body
+    # what the read ends with still counts: an endless chunk line or trailer field
+    for tail in [b"3;e=" + b"a" * 40_000, b"0\r\nx-a: " + b"a" * 40_000]:
+        status, _, body = parse(_feed([*reads[:-2], reads[-2] + tail, b"\r\n"]))
+        assert status == 431 and json.loads(body)["error"]["code"] == "headers_too_large"
 
 
 def test_an_upgrade_request_is_refused_and_its_body_never_runs() -> None:
