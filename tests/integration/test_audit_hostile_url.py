@@ -38,7 +38,8 @@ class _Served:
         self.stop = threading.Event()
         self.dripped = threading.Event()  # a dripping answer has sent a byte
         self.any_tile: bytes | None = None  # served for every tile path not in `files`
-        self.moved: dict[str, str] = {}  # name -> where a 302 sends it
+        self.moved: dict[str, str] = {}  # name -> where a redirect sends it
+        self.moved_code = 302
         self.tokens: list[str | None] = []  # each request's Authorization header
         self.busy: dict[str, int] = {}  # name -> how many GETs of it are answered 429 first
         self.retry_after = "0"  # the 429s' retry-after
@@ -67,7 +68,7 @@ def _serving() -> Iterator[_Served]:
                 self.end_headers()
                 return
             if name in state.moved:
-                self.send_response(302)
+                self.send_response(state.moved_code)
                 self.send_header("location", state.moved[name])
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -301,6 +302,21 @@ def test_a_redirect_is_followed_only_within_the_log_urls_origin(
     assert "another origin than the log URL's: not followed" in said.err
     assert other.asked == []
     assert served.asked == ["checkpoint"]
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_to_a_url_that_does_not_parse_is_the_servers_fault(
+    served: _Served, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: exit 2, a usage error, saying only "error: Invalid IPv6 URL" (urllib's
+    # ValueError from parsing the location), naming neither the GET nor the redirect.
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(skey))
+    served.moved["tile/0/000.p/1"] = "http://[::1"
+    served.moved_code = code
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 1
+    said = capsys.readouterr().err
+    assert f"GET {served.url}tile/0/000.p/1: HTTP {code} redirects to a URL that" in said, said
 
 
 @pytest.mark.parametrize("where", ["same origin", "other host"])

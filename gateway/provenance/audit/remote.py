@@ -17,17 +17,16 @@ connection's socket down, so a server dripping a byte just inside every read tim
 the TLS handshake, the headers or the body, still ends); the whole copy, from the
 checkpoint's GET to the last file's last byte, at most `copy_deadline_s` (a server
 dripping every file just inside its deadline would otherwise hold the auditor for as many
-deadlines as the log has files); a hash tile is at most its width times 32 bytes and a
-bundle its width times 2 + 65535 (a tile shorter than its width, or a bundle without a
-length prefix for each entry, ends the copy: an empty one spent no byte, so a vast
-checkpoint's empty tiles were fetched, and written, until the copy's deadline); and the
-whole copy at most `max_bytes`, and never more than the tiles and bundles of the
-checkpoint's tree size can hold, so a checkpoint that is only the server's word cannot
-fill the disk. A redirect is followed only within the URL's
-origin (scheme, host and port): one to another host, to plain http from https or to ftp://
-would carry the auditor's `--token` there (urllib copies every header onto the redirected
-request) and read the log from a server the auditor never named; it ends the copy
-(MalformedError). So does a redirect to a URL with userinfo (`http://user:pass@host/`),
+deadlines as the log has files); a hash tile is exactly its width times 32 bytes and a
+bundle at most its width times 2 + 65535, at least 2 bytes an entry (`length_problem`: an
+empty file spent no byte, so a vast checkpoint's empty tiles were fetched until the copy's
+deadline); the whole copy at most `max_bytes`, and never more than the tiles and bundles
+of the tree size can hold, so a checkpoint that is only the server's word cannot fill the
+disk. A redirect is followed only within the URL's origin (scheme, host and port): one
+to another host, to plain http from https or to ftp:// would carry the auditor's
+`--token` there (urllib copies every header onto the redirected request) and read the
+log from a server the auditor never named; it ends the copy (MalformedError), as one to
+a location that does not parse does. So does a redirect to a URL with userinfo (`http://user:pass@host/`),
 before any connection: urllib would take `user:pass@host` for the host name; the log URL
 may not hold one either (the token is `--token`). Neither is ever quoted with its userinfo
 (`without_userinfo`). With a token, no proxy is used: urllib took one from `http_proxy` in
@@ -313,7 +312,19 @@ class _SecureHandler(urllib.request.HTTPSHandler):
 
 
 class _SameOrigin(urllib.request.HTTPRedirectHandler):
-    """Redirects followed only to the origin the request went to."""
+    """Redirects followed only to the request's origin, and to a location that parses."""
+
+    def http_error_302(self, req: Any, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        try:
+            return super().http_error_302(req, fp, code, msg, headers)
+        except ValueError:  # urllib's urlparse of the location: an ill-formed host
+            fp.close()
+            raise MalformedError(
+                f"GET {req.full_url}: HTTP {code} redirects to a URL that does not parse: "
+                "not followed"
+            ) from None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
     def redirect_request(
         self,
