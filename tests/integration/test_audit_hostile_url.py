@@ -37,8 +37,9 @@ class _Served:
         self.drip: dict[str, str] = {}
         self.stop = threading.Event()
         self.dripped = threading.Event()  # a dripping answer has sent a byte
-        self.any_tile = b""  # served for every tile path not in `files`, when set
-        self.moved: dict[str, str] = {}  # name -> where a 302 sends it
+        self.any_tile: bytes | None = None  # served for every tile path not in `files`
+        self.moved: dict[str, str] = {}  # name -> where a redirect sends it
+        self.moved_code = 302
         self.tokens: list[str | None] = []  # each request's Authorization header
         self.busy: dict[str, int] = {}  # name -> how many GETs of it are answered 429 first
         self.retry_after = "0"  # the 429s' retry-after
@@ -67,13 +68,13 @@ def _serving() -> Iterator[_Served]:
                 self.end_headers()
                 return
             if name in state.moved:
-                self.send_response(302)
+                self.send_response(state.moved_code)
                 self.send_header("location", state.moved[name])
                 self.send_header("content-length", "0")
                 self.end_headers()
                 return
             data = state.files.get(name)
-            if data is None and state.any_tile and name.startswith("tile/"):
+            if data is None and state.any_tile is not None and name.startswith("tile/"):
                 data = state.any_tile
             if name in state.drip:
                 self._drip(state.drip[name])
@@ -230,6 +231,40 @@ def test_a_tile_longer_than_its_width_is_refused(
     assert "tile/0/000.p/1 is larger than 32 bytes" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("verb", ["show", "verify"])
+def test_empty_tiles_end_the_copy_at_the_first(
+    served: _Served, verb: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every tile and bundle of a vast checkpoint served as 200 with no body: nothing is
+    # spent of the byte budget, so before, the copy fetched (and wrote, an empty file
+    # each: inodes, not bytes) tile after tile until the copy's deadline (an hour by
+    # default). A hash tile is exactly its width in hashes, a bundle at least a length
+    # prefix an entry: the first short one ends the copy, named.
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(VAST, Signer.from_skey(skey))
+    served.any_tile = b""
+    argv = ["audit", verb, served.url, "--copy-deadline", "5"]
+    assert main(argv + (["--key", vkey] if verb == "verify" else [])) == 1
+    said = capsys.readouterr().err
+    assert "tile/0/000 is 0 bytes, not the 8192 of 256 hashes" in said, said
+    assert served.asked == ["checkpoint", "tile/0/000"]
+
+
+def test_a_short_tile_or_bundle_is_refused(
+    served: _Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(2, Signer.from_skey(skey))
+    served.files["tile/0/000.p/2"] = bytes(63)  # two hashes are 64 bytes
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 1
+    assert "tile/0/000.p/2 is 63 bytes, not the 64 of 2 hashes" in capsys.readouterr().err
+    served.files["tile/0/000.p/2"] = bytes(64)
+    served.files["tile/entries/000.p/2"] = b"\x00\x01x"  # one entry of the two
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 1
+    said = capsys.readouterr().err
+    assert "tile/entries/000.p/2 is 3 bytes, less than the 4 of 2 entries" in said, said
+
+
 def test_the_budget_is_what_a_tree_size_can_hold() -> None:
     entry = 2 + 0xFFFF  # a bundle's length prefix and largest entry
     assert copy_budget(0) == 0
@@ -267,6 +302,21 @@ def test_a_redirect_is_followed_only_within_the_log_urls_origin(
     assert "another origin than the log URL's: not followed" in said.err
     assert other.asked == []
     assert served.asked == ["checkpoint"]
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_a_redirect_to_a_url_that_does_not_parse_is_the_servers_fault(
+    served: _Served, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: exit 2, a usage error, saying only "error: Invalid IPv6 URL" (urllib's
+    # ValueError from parsing the location), naming neither the GET nor the redirect.
+    skey, vkey = generate_signing_key(ORIGIN)
+    served.files["checkpoint"] = _checkpoint(1, Signer.from_skey(skey))
+    served.moved["tile/0/000.p/1"] = "http://[::1"
+    served.moved_code = code
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 1
+    said = capsys.readouterr().err
+    assert f"GET {served.url}tile/0/000.p/1: HTTP {code} redirects to a URL that" in said, said
 
 
 @pytest.mark.parametrize("where", ["same origin", "other host"])

@@ -17,14 +17,16 @@ connection's socket down, so a server dripping a byte just inside every read tim
 the TLS handshake, the headers or the body, still ends); the whole copy, from the
 checkpoint's GET to the last file's last byte, at most `copy_deadline_s` (a server
 dripping every file just inside its deadline would otherwise hold the auditor for as many
-deadlines as the log has files); a hash tile is at most its width times 32 bytes and a
-bundle its width times 2 + 65535; and the whole copy at most `max_bytes`, and never more
-than the tiles and bundles of the checkpoint's tree size can hold, so a checkpoint that is
-only the server's word cannot fill the disk. A redirect is followed only within the URL's
-origin (scheme, host and port): one to another host, to plain http from https or to ftp://
-would carry the auditor's `--token` there (urllib copies every header onto the redirected
-request) and read the log from a server the auditor never named; it ends the copy
-(MalformedError). So does a redirect to a URL with userinfo (`http://user:pass@host/`),
+deadlines as the log has files); a hash tile is exactly its width times 32 bytes and a
+bundle at most its width times 2 + 65535, at least 2 bytes an entry (`length_problem`: an
+empty file spent no byte, so a vast checkpoint's empty tiles were fetched until the copy's
+deadline); the whole copy at most `max_bytes`, and never more than the tiles and bundles
+of the tree size can hold, so a checkpoint that is only the server's word cannot fill the
+disk. A redirect is followed only within the URL's origin (scheme, host and port): one
+to another host, to plain http from https or to ftp:// would carry the auditor's
+`--token` there (urllib copies every header onto the redirected request) and read the
+log from a server the auditor never named; it ends the copy (MalformedError), as one to
+a location that does not parse does. So does a redirect to a URL with userinfo (`http://user:pass@host/`),
 before any connection: urllib would take `user:pass@host` for the host name; the log URL
 may not hold one either (the token is `--token`). Neither is ever quoted with its userinfo
 (`without_userinfo`). With a token, no proxy is used: urllib took one from `http_proxy` in
@@ -44,7 +46,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,13 @@ from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
 from gateway.provenance.formats.note import Verifier
-from gateway.provenance.formats.tiles import MAX_ENTRY_SIZE, TILE_WIDTH, entries_path, tile_path
+from gateway.provenance.formats.tiles import (
+    MAX_ENTRY_SIZE,
+    TILE_WIDTH,
+    length_problem,
+    tile_width,
+    tree_files,
+)
 from gateway.tls_options import client_context
 
 __all__ = ["FetchLimits", "copy_budget", "is_url", "mirror_log", "without_userinfo"]
@@ -129,16 +137,18 @@ def mirror_log(
         budget = _Budget(needed, f"the most the tiles of tree size {size} can hold")
     _write(directory / CHECKPOINT, note)
     _write(history_path(directory, size), note)
-    for tile, bundle in _files(size):  # one at a time: never a list as long as the log
+    for tile, bundle in tree_files(size):  # one at a time: never a list as long as the log
         for name, per_item in ((tile, _HASH), (bundle, _ENTRY)):
             if name is None:
                 continue
-            data = fetch(name, _width(name) * per_item)
+            data = fetch(name, tile_width(name) * per_item)
             if data is None and ".p/" in name:  # grown since: the full file holds it
                 name = name.partition(".p/")[0]
                 data = fetch(name, TILE_WIDTH * per_item)
             if data is None:
                 raise MalformedError(f"{base}{name} is not served (tree size {size})")
+            if (problem := length_problem(name, len(data))) is not None:  # spent no byte
+                raise MalformedError(f"{base}{name} is {problem} (tree size {size})")
             _write(directory / name, data)
     return size
 
@@ -167,12 +177,6 @@ class _Budget:
                 "the copy stops there"
             )
         self.left -= len(data)
-
-
-def _width(name: str) -> int:
-    """The width a tile or bundle path names (`.p/<W>`), else a full tile's."""
-    _, partial, width = name.partition(".p/")
-    return int(width) if partial else TILE_WIDTH
 
 
 def _get(
@@ -308,7 +312,19 @@ class _SecureHandler(urllib.request.HTTPSHandler):
 
 
 class _SameOrigin(urllib.request.HTTPRedirectHandler):
-    """Redirects followed only to the origin the request went to."""
+    """Redirects followed only to the request's origin, and to a location that parses."""
+
+    def http_error_302(self, req: Any, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        try:
+            return super().http_error_302(req, fp, code, msg, headers)
+        except ValueError:  # urllib's urlparse of the location: an ill-formed host
+            fp.close()
+            raise MalformedError(
+                f"GET {req.full_url}: HTTP {code} redirects to a URL that does not parse: "
+                "not followed"
+            ) from None
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
     def redirect_request(
         self,
@@ -362,21 +378,6 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     except ValueError:  # a port out of range or not a number: matches nothing
         port = -1
     return scheme, (parts.hostname or ""), port
-
-
-def _files(size: int) -> Iterator[tuple[str, str | None]]:
-    """The tiles of a tree of `size` leaves, level by level, each with its entry bundle
-    (level 0) or None."""
-    level, scale = 0, 1
-    while size >= scale:  # bounded: scale grows 256-fold each level
-        hashes = size // scale  # the hashes of this level
-        for n in range(hashes // TILE_WIDTH):
-            yield tile_path(level, n), entries_path(n) if level == 0 else None
-        if hashes % TILE_WIDTH:
-            n, width = hashes // TILE_WIDTH, hashes % TILE_WIDTH
-            yield tile_path(level, n, width), entries_path(n, width) if level == 0 else None
-        level += 1
-        scale *= TILE_WIDTH
 
 
 def _tree_size(note: bytes) -> int:

@@ -30,9 +30,12 @@ __all__ = [
     "entries_path",
     "file_limit",
     "index_path",
+    "length_problem",
     "split_bundle",
     "tile_path",
+    "tile_width",
     "tile_widths",
+    "tree_files",
 ]
 
 TILE_HEIGHT = 8
@@ -45,6 +48,40 @@ MAX_BUNDLE_FILE = TILE_WIDTH * (2 + MAX_ENTRY_SIZE)  # a full bundle of the larg
 def file_limit(name: str) -> int:
     """The most bytes the tile or entry bundle at `name` (a `tile/...` path) may hold."""
     return MAX_BUNDLE_FILE if name.startswith("tile/entries/") else MAX_TILE_FILE
+
+
+def length_problem(name: str, length: int) -> str | None:
+    """Why a served file of `length` bytes cannot be the tile or bundle at `name` (a
+    `tile/...` path, `.p/<W>` or full), or None: a hash tile is exactly its width in
+    hashes, a bundle at least a 2-byte length prefix for each of its width's entries."""
+    width = tile_width(name)
+    if not name.startswith("tile/entries/"):
+        if length != width * HASH_SIZE:
+            return f"{length} bytes, not the {width * HASH_SIZE} of {width} hashes"
+    elif length < width * 2:
+        return f"{length} bytes, less than the {width * 2} of {width} entries' length prefixes"
+    return None
+
+
+def tile_width(name: str) -> int:
+    """The width a tile or bundle path names (`.p/<W>`), else a full tile's."""
+    _, partial, width = name.partition(".p/")
+    return int(width) if partial else TILE_WIDTH
+
+
+def tree_files(size: int) -> Iterator[tuple[str, str | None]]:
+    """The tiles of a tree of `size` leaves, level by level, each with its entry bundle
+    (level 0) or None."""
+    level, scale = 0, 1
+    while size >= scale:  # bounded: scale grows 256-fold each level
+        hashes = size // scale  # the hashes of this level
+        for n in range(hashes // TILE_WIDTH):
+            yield tile_path(level, n), entries_path(n) if level == 0 else None
+        if hashes % TILE_WIDTH:
+            n, width = hashes // TILE_WIDTH, hashes % TILE_WIDTH
+            yield tile_path(level, n, width), entries_path(n, width) if level == 0 else None
+        level += 1
+        scale *= TILE_WIDTH
 
 
 def index_path(index: int) -> str:
