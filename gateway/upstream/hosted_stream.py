@@ -207,8 +207,11 @@ def made_up_usage(source: Any) -> bool:
     """Whether the chunk LiteLLM's stream `source` just returned is its end-of-stream
     usage chunk (`sent_stream_usage` is set as it returns it) and the provider reported
     no usage: LiteLLM then counted the tokens itself, an estimate the provider never
-    stated."""
+    stated. A text stream whose wrapper is not found (a LiteLLM that holds it elsewhere
+    than `_wrapper` looks) has none believed: its usage is never told from LiteLLM's."""
     wrapper = _wrapper(source)
+    if wrapper is None:
+        return True
     if getattr(wrapper, "sent_stream_usage", None) is not True:
         return False
     chunks = getattr(wrapper, "chunks", None)

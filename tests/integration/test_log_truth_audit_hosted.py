@@ -210,3 +210,36 @@ def test_usage_a_provider_did_not_report_is_neither_shown_nor_recorded(
     completion = request_log(tmp_path / "log", vkey, received.headers["x-request-id"])[-1]
     assert completion["type"] == "completion" and completion["usage"] is None, completion
     assert completion["status"] == (502 if case.endswith("unfinished") else 200)
+
+
+def test_usage_is_not_believed_where_litellms_stream_wrapper_is_not_found(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A text completion stream's wrapper, which alone tells LiteLLM's count of the
+    tokens from the provider's usage, is read from LiteLLM's generators
+    (hosted_stream.py `_wrapper`). A LiteLLM that holds it one generator deeper, or under
+    another name, hid it: LiteLLM's count then went to the client and the record as the
+    provider's (the lookup failed open). Now usage on a stream whose wrapper is not found
+    is not believed: none is shown or recorded."""
+    import litellm.main
+
+    streaming: Callable[..., Any] = litellm.main._async_streaming
+
+    async def deeper(**kwargs: Any) -> Any:  # one generator more, `response` not a local
+        async for line in streaming(**kwargs):
+            yield line
+
+    monkeypatch.setattr(litellm.main, "_async_streaming", deeper)
+    raw = start_raw(writes(*chunked(TEXT_EVENT, TEXT_END, DONE)))
+    gateway, vkey = hosted_gateway(start_gateway, tmp_path, raw.url)
+    ask = {**TEXT_ASK, "stream_options": {"include_usage": True}}
+    received = client_gets(gateway, ask, "/v1/completions")
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+    shown = received.body.split(b": owngate-receipt ")[0]
+    assert b'"usage"' not in shown, shown
+    assert b'"finish_reason":"stop"' in shown and shown.endswith(DONE), shown
+    completion = request_log(tmp_path / "log", vkey, received.headers["x-request-id"])[-1]
+    assert (completion["status"], completion["usage"]) == (200, None), completion
