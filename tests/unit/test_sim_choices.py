@@ -31,7 +31,7 @@ ASK: dict[str, dict[str, Any]] = {
 PROMPT_TOKENS = 3  # ceil(12 bytes / 4)
 
 # (zero latency, coalesced chunks, token interval): every way the simulator writes.
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "timed": {"zero_latency": False},
     "instant": {"zero_latency": True},
     "coalesced": {"zero_latency": True, "coalesce_chunks": True},
@@ -121,9 +121,7 @@ def test_a_whole_answer_holds_n_choices_and_sums_their_tokens(
 
 @pytest.mark.parametrize("path", [CHAT, TEXT], ids=["chat", "text"])
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_stream_sends_every_choice_with_its_index_finish_and_usage(
-    path: str, mode: str
-) -> None:
+def test_a_stream_sends_every_choice_with_its_index_finish_and_usage(path: str, mode: str) -> None:
     app = _app(**MODES[mode])
     ask = {**ASK[path], "n": 2, "stream": True, "stream_options": {"include_usage": True}}
     status, writes = post(app, path, ask)
