@@ -115,9 +115,12 @@ class Inference:
             await self._finish(send, self._embedding(request), die)
             return
         ids = self._text.token_ids(request.prompt, request.max_tokens)
-        self._engine.record_instant(request.prompt_tokens, len(ids))
+        self._engine.record_instant(request.prompt_tokens, len(ids) * request.n)
         if not request.stream:
             await self._finish(send, self._completion(request, ids), die)
+            return
+        if request.n > 1:
+            await self._instant_choices(request, die, send, receive)
             return
         encoder = ChunkEncoder(request, self._new_id(request), int(self._wall_time()))
         tokens = self._text.json_tokens
@@ -128,7 +131,8 @@ class Inference:
             self._stats.completed += 1
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         if self._settings.token_interval_s > 0.0:
-            paced = self._paced(encoder, [tokens[i] for i in ids], die, send)
+            steps = [encoder.token(tokens[i]) for i in ids]
+            paced = self._paced(encoder.role, steps, None if die else encoder.end(), send)
             await self._watched(paced, receive)  # a client that leaves ends the pacing
             return
         if self._settings.coalesce_chunks:
@@ -146,20 +150,56 @@ class Inference:
         if not die:
             await send({"type": "http.response.body", "body": encoder.end()})
 
-    async def _paced(
-        self, encoder: ChunkEncoder, tokens: list[bytes], die: bool, send: Send
+    async def _instant_choices(
+        self, request: Completion, die: bool, send: Send, receive: Receive
     ) -> None:
-        """One write per token, `token_interval_s` apart (the role rides with the first)."""
+        """A zero-latency stream of `n` > 1 choices, interleaved as vLLM sends them: each
+        write (a step) holds one token of every choice, each chunk with its choice's index;
+        then every choice's finish chunk, and one usage chunk and `[DONE]`."""
+        response_id, created = self._new_id(request), int(self._wall_time())
+        encoders = [ChunkEncoder(request, response_id, created, i) for i in range(request.n)]
+        tokens = self._text.json_tokens
+        per_choice = [
+            self._text.token_ids(request.prompt, request.max_tokens, i) for i in range(request.n)
+        ]
+        columns = [
+            [enc.token(tokens[i]) for i in ids]
+            for enc, ids in zip(encoders, per_choice, strict=True)
+        ]
+        steps = [b"".join(step) for step in zip(*columns, strict=True)]
+        end: bytes | None = None
+        if die:
+            steps = steps[: min(_CHUNKS_BEFORE_DYING, len(steps) - 1)]
+            self._stats.died += 1
+        else:
+            self._stats.completed += 1
+            end = b"".join([enc.finish for enc in encoders]) + encoders[0].close()
+        head = b"".join([enc.role for enc in encoders])
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+        if self._settings.token_interval_s > 0.0:
+            await self._watched(self._paced(head, steps, end, send), receive)
+            return
+        if self._settings.coalesce_chunks:
+            body = head + b"".join(steps) + (end or b"")
+            await send({"type": "http.response.body", "body": body, "more_body": die})
+            return
+        for body in [head, *steps] if head else steps:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        if end is not None:
+            await send({"type": "http.response.body", "body": end})
+
+    async def _paced(self, head: bytes, steps: list[bytes], end: bytes | None, send: Send) -> None:
+        """One write per step, `token_interval_s` apart (`head`, the role chunks, rides with
+        the first); `end` after the last, unless the stream dies (None)."""
         interval, sleep = self._settings.token_interval_s, self._clock.sleep
-        pending = encoder.role
-        for index, token in enumerate(tokens):
+        pending = head
+        for index, step in enumerate(steps):
             if index:
                 await sleep(interval)
-            body = pending + encoder.token(token)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+            await send({"type": "http.response.body", "body": pending + step, "more_body": True})
             pending = b""
-        if not die:
-            await send({"type": "http.response.body", "body": encoder.end()})
+        if end is not None:
+            await send({"type": "http.response.body", "body": end})
 
     # -- timed (engine) -----------------------------------------------------------------
 
@@ -193,15 +233,19 @@ class Inference:
         chain = None
         if request.endpoint == "chat" and self._control.prefix_cache_tokens > 0:
             chain = prompt_chain(request.prompt)
-        seq = self._engine.submit(request.prompt_tokens, request.max_tokens, chain)
+        # One sequence per choice, as vLLM schedules the `n` samples of a request: each
+        # holds a slot and its KV, and they all count in the queue and token metrics.
+        submit = self._engine.submit
+        seqs = [submit(request.prompt_tokens, request.max_tokens, chain) for _ in range(request.n)]
         try:
             if request.stream:
-                await self._stream_timed(request, seq, die, send)
-            elif await self._until_done(seq):
+                await self._stream_timed(request, seqs, die, send)
+            elif await self._all_done(seqs):
                 ids = self._text.token_ids(request.prompt, request.max_tokens)
                 await self._finish(send, self._completion(request, ids), die)
         finally:
-            self._engine.cancel(seq)
+            for seq in seqs:
+                self._engine.cancel(seq)
 
     @staticmethod
     async def _until_done(seq: Sequence) -> bool:
@@ -210,34 +254,53 @@ class Inference:
             await seq.progress()
         return seq.state is SeqState.FINISHED
 
+    @classmethod
+    async def _all_done(cls, seqs: list[Sequence]) -> bool:
+        """Wait for every sequence to end; True when they all finished."""
+        for seq in seqs:
+            if not await cls._until_done(seq):
+                return False
+        return True
+
     async def _stream_timed(
-        self, request: Completion, seq: Sequence, die: bool, send: Send
+        self, request: Completion, seqs: list[Sequence], die: bool, send: Send
     ) -> None:
-        encoder = ChunkEncoder(request, self._new_id(request), int(self._wall_time()))
+        """Each write holds the tokens every choice's sequence generated since the last;
+        one sequence per choice (`n`), each chunk with its choice's index."""
+        response_id, created = self._new_id(request), int(self._wall_time())
+        encoders = [ChunkEncoder(request, response_id, created, i) for i in range(len(seqs))]
         tokens = self._text.json_tokens
-        ids = self._text.token_ids(request.prompt, request.max_tokens)
-        cut = min(_CHUNKS_BEFORE_DYING, len(ids) - 1) if die else len(ids)
+        per_choice = [
+            self._text.token_ids(request.prompt, request.max_tokens, i) for i in range(len(seqs))
+        ]
+        cut = min(_CHUNKS_BEFORE_DYING, request.max_tokens - 1) if die else request.max_tokens
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-        pending = encoder.role  # sent with the first token, as vLLM does
-        sent = 0
+        pending = b"".join(
+            [enc.role for enc in encoders]
+        )  # sent with the first token, as vLLM does
+        sent = [0] * len(seqs)
         while True:
-            await seq.progress()
-            if seq.state is SeqState.CANCELLED:
+            await next((seq for seq in seqs if not seq.done), seqs[0]).progress()
+            if any(seq.state is SeqState.CANCELLED for seq in seqs):
                 return  # engine shut down: leave the response incomplete
-            ready = min(seq.generated, cut)
-            dying = die and ready == cut
-            if ready > sent or dying:
-                body = pending + encoder.tokens([tokens[i] for i in ids[sent:ready]])
+            ready = [min(seq.generated, cut) for seq in seqs]
+            dying = die and all(r == cut for r in ready)
+            if ready != sent or dying:
+                spans = zip(encoders, per_choice, sent, ready, strict=True)
+                body = pending + b"".join(
+                    [enc.tokens([tokens[i] for i in ids[a:b]]) for enc, ids, a, b in spans]
+                )
                 if dying:
                     self._stats.died += 1
                 await send({"type": "http.response.body", "body": body, "more_body": True})
                 if dying:
                     return  # incomplete response: the server closes the connection
                 pending, sent = b"", ready
-            if seq.state is SeqState.FINISHED:
+            if all(seq.state is SeqState.FINISHED for seq in seqs):
                 break
         self._stats.completed += 1
-        await send({"type": "http.response.body", "body": encoder.end()})
+        end = b"".join([enc.finish for enc in encoders]) + encoders[0].close()
+        await send({"type": "http.response.body", "body": end})
 
     # -- shared -------------------------------------------------------------------------
 
@@ -255,8 +318,12 @@ class Inference:
         return f"{prefix}{self._id_prefix}{next(self._ids):010x}"
 
     def _completion(self, request: Completion, ids: list[int]) -> bytes:
-        created = int(self._wall_time())
-        return completion_body(request, self._new_id(request), created, self._text.text(ids))
+        """The whole answer: choice 0 of `ids`, choices 1 to n-1 of their own tokens."""
+        text = self._text
+        texts = [text.text(ids)]
+        for choice in range(1, request.n):
+            texts.append(text.text(text.token_ids(request.prompt, request.max_tokens, choice)))
+        return completion_body(request, self._new_id(request), int(self._wall_time()), texts)
 
     def _embedding(self, request: EmbeddingRequest) -> bytes:
         dims = request.dims

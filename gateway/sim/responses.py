@@ -1,6 +1,6 @@
 """Response bodies in the exact shapes OpenAI-compatible servers send.
 
-Stream chunks are spliced from precomputed byte pieces (`ChunkEncoder`): the per-request
+Stream chunks are spliced from precomputed byte pieces (`ChunkEncoder`): the per-choice
 head (`data: {"id":...,"choices":[{"index":0,"delta":{`) is built once and each token
 adds only its JSON literal and a constant tail. Error bodies follow each server's own
 envelope: vLLM/SGLang `{"error": {"message", "type", "param", "code"}}`, llama.cpp
@@ -89,48 +89,59 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def completion_body(request: Completion, response_id: str, created: int, text: str) -> bytes:
-    """A non-streaming `chat.completion` or `text_completion` body."""
-    choice: dict[str, Any]
+def completion_body(request: Completion, response_id: str, created: int, texts: list[str]) -> bytes:
+    """A non-streaming `chat.completion` or `text_completion` body: one choice for each
+    of `texts` (`request.n` of them), numbered from 0; `completion_tokens` counts them all,
+    as vLLM sums its choices'."""
+    choices: list[dict[str, Any]]
     if request.endpoint == "chat":
         obj = "chat.completion"
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": request.finish_reason,
-        }
+        choices = [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": request.finish_reason,
+            }
+            for index, text in enumerate(texts)
+        ]
     else:
         obj = "text_completion"
-        choice = {
-            "index": 0,
-            "text": text,
-            "logprobs": None,
-            "finish_reason": request.finish_reason,
-        }
+        choices = [
+            {
+                "index": index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": request.finish_reason,
+            }
+            for index, text in enumerate(texts)
+        ]
     return orjson.dumps(
         {
             "id": response_id,
             "object": obj,
             "created": created,
             "model": request.model,
-            "choices": [choice],
-            "usage": _usage(request.prompt_tokens, request.max_tokens),
+            "choices": choices,
+            "usage": _usage(request.prompt_tokens, request.max_tokens * len(texts)),
         }
     )
 
 
 class ChunkEncoder:
-    """SSE events of one streamed completion, from precomputed byte pieces.
+    """SSE events of one choice of a streamed completion, from precomputed byte pieces.
 
     Chat streams: a role chunk (`delta: {"role": "assistant", "content": ""}`), one chunk
     per token, a finish chunk (`delta: {}` with `finish_reason`), then, when asked for,
-    a usage chunk with empty `choices`. Legacy completions have no role chunk.
+    a usage chunk with empty `choices`. Legacy completions have no role chunk. A stream
+    of `n` > 1 choices has one encoder per `index`: each choice's chunks carry its index
+    and it gets its own finish chunk (`finish`); `close()` (usage and `[DONE]`) is sent
+    once, after them all, its usage counting every choice.
     """
 
-    __slots__ = ("_finish", "_head", "_request", "_tail", "_token_head", "role")
+    __slots__ = ("_head", "_request", "_tail", "_token_head", "finish", "role")
 
-    def __init__(self, request: Completion, response_id: str, created: int) -> None:
+    def __init__(self, request: Completion, response_id: str, created: int, index: int = 0) -> None:
         self._request = request
         obj = b"chat.completion.chunk" if request.endpoint == "chat" else b"text_completion"
         self._head = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":' % (
@@ -140,23 +151,22 @@ class ChunkEncoder:
             orjson.dumps(request.model),
         )
         finish = orjson.dumps(request.finish_reason)
+        choice = self._head + b'[{"index":%d,' % index
         if request.endpoint == "chat":
-            self._token_head = self._head + b'[{"index":0,"delta":{"content":'
+            self._token_head = choice + b'"delta":{"content":'
             self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-            self.role = (
-                self._head + b'[{"index":0,"delta":{"role":"assistant","content":""},'
+            self.role = choice + (
+                b'"delta":{"role":"assistant","content":""},'
                 b'"logprobs":null,"finish_reason":null}]}\n\n'
             )
-            self._finish = (
-                self._head + b'[{"index":0,"delta":{},"logprobs":null,"finish_reason":%s}]}\n\n'
-            ) % finish
+            self.finish = choice + (
+                b'"delta":{},"logprobs":null,"finish_reason":%s}]}\n\n' % finish
+            )
         else:
-            self._token_head = self._head + b'[{"index":0,"text":'
+            self._token_head = choice + b'"text":'
             self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
             self.role = b""
-            self._finish = (
-                self._head + b'[{"index":0,"text":"","logprobs":null,"finish_reason":%s}]}\n\n'
-            ) % finish
+            self.finish = choice + b'"text":"","logprobs":null,"finish_reason":%s}]}\n\n' % finish
 
     def token(self, json_token: bytes) -> bytes:
         """The chunk of one token, given as a JSON string literal."""
@@ -168,12 +178,16 @@ class ChunkEncoder:
         return b"".join([head + t + tail for t in json_tokens])
 
     def end(self) -> bytes:
-        """Finish chunk, usage chunk when requested, and `[DONE]`."""
+        """This choice's finish chunk, then `close()`: the end of a one-choice stream."""
+        return self.finish + self.close()
+
+    def close(self) -> bytes:
+        """The usage chunk when requested (every choice's tokens), and `[DONE]`."""
         request = self._request
         if not request.include_usage:
-            return self._finish + DONE
-        usage = orjson.dumps(_usage(request.prompt_tokens, request.max_tokens))
-        return self._finish + self._head + b'[],"usage":' + usage + b"}\n\n" + DONE
+            return DONE
+        usage = orjson.dumps(_usage(request.prompt_tokens, request.max_tokens * request.n))
+        return self._head + b'[],"usage":' + usage + b"}\n\n" + DONE
 
 
 def embedding_body(request: EmbeddingRequest, vectors: list[list[float]]) -> bytes:

@@ -1,7 +1,9 @@
 """Deterministic fake model output: generated tokens, prompt token counts, embeddings.
 
-Generated text depends only on (seed, prompt): the same prompt gives the same tokens
-whether streamed or not, and a shorter `max_tokens` gives a prefix of a longer one.
+Generated text depends only on (seed, prompt, choice): the same prompt gives the same
+tokens whether streamed or not, and a shorter `max_tokens` gives a prefix of a longer one.
+Choice 0 (the only one when `n` is 1) has the text of the prompt alone; choices 1.. of an
+`n` > 1 request each vary deterministically from it.
 Consecutive tokens always differ (LiteLLM aborts a stream after 100 identical chunks).
 The vocabulary includes non-ASCII, quotes, a backslash and a newline so byte-exact
 relaying and JSON escaping get exercised.
@@ -114,9 +116,13 @@ class TextGenerator:
         # Each token as a JSON string literal, quotes included: stream chunks splice these.
         self.json_tokens: tuple[bytes, ...] = tuple(orjson.dumps(t) for t in VOCABULARY)
 
-    def token_ids(self, prompt: object, count: int) -> list[int]:
-        """`count` vocabulary indices for `prompt` (any JSON value), no two in a row equal."""
-        digest = hashlib.blake2b(orjson.dumps(prompt), digest_size=8, key=self._key).digest()
+    def token_ids(self, prompt: object, count: int, choice: int = 0) -> list[int]:
+        """`count` vocabulary indices for `prompt` (any JSON value) and its `choice`
+        (0 to n-1), no two in a row equal. The choice salts the digest: choice 0's salt of
+        zeros is blake2b's default, so its tokens are those of an `n` = 1 request."""
+        digest = hashlib.blake2b(
+            orjson.dumps(prompt), digest_size=8, key=self._key, salt=choice.to_bytes(16, "little")
+        ).digest()
         state = int.from_bytes(digest, "little")
         ids: list[int] = []
         previous = -1

@@ -15,6 +15,7 @@ from gateway.sim.settings import SimSettings
 from gateway.sim.text import WireError, chat_prompt_tokens, completion_prompt_tokens
 
 __all__ = [
+    "MAX_CHOICES",
     "Completion",
     "ContextTooLong",
     "EmbeddingRequest",
@@ -26,6 +27,9 @@ __all__ = [
 ]
 
 Endpoint = Literal["chat", "text"]
+
+MAX_CHOICES = 128
+"""The most choices (`n`) one completion request may ask for."""
 
 
 class ModelNotFound(LookupError):
@@ -62,6 +66,7 @@ class Completion:
     finish_reason: str
     stream: bool
     include_usage: bool
+    n: int = 1  # choices to answer, each `max_tokens` long
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,17 @@ def _positive_int(payload: dict[str, Any], name: str) -> int | None:
     return value
 
 
+def _choices(payload: dict[str, Any]) -> int:
+    """`n`: absent or null is 1; vLLM refuses one below 1, and this server one above
+    `MAX_CHOICES` (a bound on the work one request may ask for)."""
+    value = payload.get("n")
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHOICES:
+        raise WireError(f"'n' must be an integer from 1 to {MAX_CHOICES}")
+    return value
+
+
 def _flag(container: dict[str, Any], name: str) -> bool:
     value = container.get(name)
     if value is None:
@@ -122,6 +138,7 @@ def parse_completion(
         raise ContextTooLong(prompt_tokens, requested, settings.n_ctx)
     if prompt_tokens >= settings.n_ctx:
         raise ContextTooLong(prompt_tokens, requested or 1, settings.n_ctx)
+    n = _choices(payload)
     stream = _flag(payload, "stream")
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -136,6 +153,7 @@ def parse_completion(
         finish_reason="stop" if requested is None else "length",
         stream=stream,
         include_usage=include_usage,
+        n=n,
     )
 
 
