@@ -12,9 +12,11 @@ refuses them), always on a line of its own (after a last line the backend left u
 an LF goes first, relayed and hashed as part of the body). The inference server's own
 `owngate-` comment lines are removed from a stream before it is hashed (`CommentFilter`,
 as the gateway does), so the countersigned body is the one the gateway relays to its
-client. Only answers below 400 are countersigned: an error answer is not relayed to the
-gateway's client as served, and the gateway records none. A 204 or 304 is relayed as a
-whole answer (it has no body, so no stream may follow its head). Nor is an answer the
+client. Only an answer the gateway relays as one is countersigned, a 2xx with a body
+(`relayed_status`, gateway/upstream/content_types.py): an error answer is not relayed to
+the gateway's client as served, and the gateway records none; a 204, 205 or 304 and any
+other 3xx it refuses before its client sees a byte. Those are relayed as whole answers,
+unsigned (a 204 or 304 has no body, so no stream may follow its head). Nor is an answer the
 backend ended by closing the connection (no content-length, not chunked): a backend
 that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
 Such a stream is relayed with that framing (ended by the sidecar closing), so the
@@ -88,7 +90,7 @@ from gateway.provenance.formats.attestation import (
 from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
 from gateway.sse_comments import CommentFilter
-from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind
+from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind, relayed_status
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["RELAYED", "AttestRelay", "AttestSettings"]
@@ -100,7 +102,6 @@ RELAYED: dict[bytes, frozenset[bytes]] = {
     b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
 }
 
-_NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever its headers
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
@@ -229,17 +230,20 @@ class AttestRelay:
             if conn.left:
                 return
             content_type = response.header(b"content-type") or _JSON
-            whole = response.status >= 400 or response.status in _NO_BODY
+            # Only an answer the gateway relays as one (content_types.py, the rule both
+            # sides share) is countersigned: an error, a 204, 205 or 304, a redirect is
+            # relayed whole and unsigned, and so no stream follows a bodiless head.
+            signed = relayed_status(response.status)
             # As the gateway tells a stream, and only a type it relays (content_types.py)
-            stream = False if response.status >= 400 else relayed_kind(content_type)
+            stream = relayed_kind(content_type) if signed else False
             if stream is None:  # the gateway would refuse it: never countersigned
                 raise GatewayError(ErrorCode.upstream_error, _UNRELAYED)
-            if whole or not stream:
+            if not stream:
                 data = await self._read(conn, response)
                 if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
                     return
                 extra = b""
-                if response.status < 400 and not response.ended_by_close:
+                if signed and not response.ended_by_close:
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self._countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + _b64(envelope, newline=False) + b"\r\n"
