@@ -10,19 +10,19 @@ final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers woul
 natural place, but few clients and proxies pass them on, and the gateway's own listener
 refuses them), always on a line of its own (after a last line the backend left unended,
 an LF goes first, relayed and hashed as part of the body). The inference server's own
-`owngate-` comment lines are removed from a stream before it is hashed (`CommentFilter`,
-as the gateway does), so the countersigned body is the one the gateway relays to its
-client. Only an answer the gateway relays as one is countersigned, a 2xx with a body
-(`relayed_status`, gateway/upstream/content_types.py): an error answer is not relayed to
-the gateway's client as served, and the gateway records none; a 204, 205 or 304 and any
-other 3xx it refuses before its client sees a byte. Those are relayed as whole answers,
-unsigned (a 204 or 304 has no body, so no stream may follow its head). Nor is an answer the
-backend ended by closing the connection (no content-length, not chunked): a backend
-that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
-Such a stream is relayed with that framing (ended by the sidecar closing), so the
-gateway reads it as it would without the sidecar (`[DONE]` or a broken stream). Nor is a
-stream with no body at all: the gateway takes a stream that ends before its first byte
-for a failure to try elsewhere, and the comment alone would be that first byte.
+`owngate-` comment lines are removed from a stream or a whole answer before it is hashed
+(gateway/sse_comments.py, as the gateway does), so the countersigned body is the one the
+gateway relays. Only an answer the gateway relays as one, a 2xx with a body, is
+countersigned (`relayed_status`, gateway/upstream/content_types.py): an error answer is
+not relayed as served, and the gateway records none; a 204, 205, 304 or redirect it
+refuses before its client sees a byte. Those are relayed whole, unsigned (a 204 or 304
+has no body, so no stream may follow its head). Nor is an answer the backend ended by
+closing the connection (no content-length, not chunked): a backend that died mid-answer
+ends it the same way, so the sidecar cannot tell that it is whole. Such a stream is
+relayed with that framing (ended by the sidecar closing), so the gateway reads it as it
+would without the sidecar (`[DONE]` or a broken stream). Nor is a stream with no body at
+all: the gateway takes a stream that ends before its first byte for a failure to try
+elsewhere, and the comment alone would be that first byte.
 
 The sidecar takes answers in no content coding: its upstream client asks for identity on
 every request (the gateway's `accept-encoding` is not among the fields it forwards), and
@@ -89,7 +89,7 @@ from gateway.provenance.formats.attestation import (
 )
 from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
-from gateway.sse_comments import CommentFilter
+from gateway.sse_comments import CommentFilter, without_comments
 from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind, relayed_status
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
@@ -230,10 +230,7 @@ class AttestRelay:
             if conn.left:
                 return
             content_type = response.header(b"content-type") or _JSON
-            # Only an answer the gateway relays as one (content_types.py, the rule both
-            # sides share) is countersigned: an error, a 204, 205 or 304, a redirect is
-            # relayed whole and unsigned, and so no stream follows a bodiless head.
-            signed = relayed_status(response.status)
+            signed = relayed_status(response.status)  # else relayed whole, never signed
             # As the gateway tells a stream, and only a type it relays (content_types.py)
             stream = relayed_kind(content_type) if signed else False
             if stream is None:  # the gateway would refuse it: never countersigned
@@ -244,6 +241,8 @@ class AttestRelay:
                     return
                 extra = b""
                 if signed and not response.ended_by_close:
+                    data, lines = without_comments(data)  # as the gateway may (above)
+                    self._stripped(lines)
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self._countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + _b64(envelope, newline=False) + b"\r\n"
@@ -295,8 +294,7 @@ class AttestRelay:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
-        if comments.stripped:
-            self._stripped(comments.stripped)
+        self._stripped(comments.stripped)
         if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
@@ -325,6 +323,8 @@ class AttestRelay:
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most
         once a minute (how many since, never what)."""
+        if not lines:
+            return
         said = self._strip_reports.note("backend", asyncio.get_running_loop().time(), lines)
         if said:
             self._events.warning("backend stream held owngate comment lines: removed", lines=said)
