@@ -55,6 +55,11 @@ def without_comments(data: bytes) -> tuple[bytes, int]:
     gateway's for the whole answer of a request that says `stream: true`, and the `owngate
     attest` sidecar's for every whole answer it countersigns, so that it signs what the
     gateway relays (it does not read the request's flag; nothing is left to remove then)."""
+    # The usual answer: no marker, and a last line the filter would not hold (a `:` or a
+    # BOM opens it): nothing to remove, and no line walked (a regex search per line).
+    last = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    if data[last : last + 1] not in (b":", _BOM[:1]) and data.lower().find(_MARK) < 0:
+        return data, 0
     comments = CommentFilter()
     return comments.feed(data) + comments.flush(), comments.stripped
 
