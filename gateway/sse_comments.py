@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["CommentFilter"]
+__all__ = ["CommentFilter", "without_comments"]
 
 _MARK: Final = b"owngate-"
 _BOM: Final = b"\xef\xbb\xbf"
@@ -48,6 +48,20 @@ _MAX_HELD: Final = 64  # `:`, blanks, a prefix of `owngate-` (and a BOM at the s
 _LINE_END: Final = re.compile(rb"[\r\n]")
 _BLANKS: Final = b" \t"
 _ENDS: Final = (10, 13)  # LF, CR
+
+
+def without_comments(data: bytes) -> tuple[bytes, int]:
+    """A whole answer less its `owngate-` comment lines, and how many were removed: the
+    gateway's for the whole answer of a request that says `stream: true`, and the `owngate
+    attest` sidecar's for every whole answer it countersigns, so that it signs what the
+    gateway relays (it does not read the request's flag; nothing is left to remove then)."""
+    # The usual answer: no marker, and a last line the filter would not hold (a `:` or a
+    # BOM opens it): nothing to remove, and no line walked (a regex search per line).
+    last = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+    if data[last : last + 1] not in (b":", _BOM[:1]) and data.lower().find(_MARK) < 0:
+        return data, 0
+    comments = CommentFilter()
+    return comments.feed(data) + comments.flush(), comments.stripped
 
 
 class CommentFilter:

@@ -40,7 +40,7 @@ from gateway.api.usage_read import PastBounds, read_json, utf8_document
 from gateway.body_budget import Held, hold_answer
 from gateway.errors import GatewayError
 from gateway.provenance import Usage
-from gateway.upstream.content_types import UNRELAYABLE_TYPE, is_sse, relayed_kind
+from gateway.upstream.content_types import NO_BODY, UNRELAYABLE_TYPE, is_sse, relayed_kind
 from gateway.upstream.http import UpstreamError, UpstreamResponse
 
 __all__ = [
@@ -125,9 +125,6 @@ def ended_by_close(response: UpstreamResponse) -> bool:
     return response.ended_by_close and _is_json(response.header(b"content-type"))
 
 
-# Statuses whose answer has no body whatever its headers say (RFC 9110): no OpenAI client
-# reads a completion, a chat completion or embeddings out of one.
-_NO_BODY: Final = frozenset({204, 205, 304})
 _JSON_SPACE: Final = b" \t\r\n"
 _NOT_OBJECT: Final = "a body that is not a JSON object"
 _NOT_PARSED: Final = "a JSON object that does not parse"
@@ -144,7 +141,7 @@ def check_status(status: int) -> None:
     policy says where a request goes, not a backend, or whoever took its address) and
     never relayed: without its `location` (which never reaches the client) no client
     follows it, and with one it would send the prompt where the backend said."""
-    if status in _NO_BODY:
+    if status in NO_BODY:
         raise UpstreamError("shape", f"an answer with no body (HTTP {status})")
     if 300 <= status < 400:
         raise UpstreamError("shape", f"a redirect (HTTP {status}), not followed")

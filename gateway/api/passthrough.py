@@ -65,7 +65,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
-from gateway.sse_comments import CommentFilter
+from gateway.sse_comments import without_comments
 from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
@@ -224,9 +224,8 @@ class PrivateRelay:
 
     def _without_comments(self, backend: str, data: bytes) -> bytes:
         """A whole answer to a stream request, less its `owngate-` comment lines."""
-        comments = CommentFilter()
-        data = comments.feed(data) + comments.flush()
-        self._reports.stripped(backend, comments.stripped)
+        data, lines = without_comments(data)
+        self._reports.stripped(backend, lines)
         return data
 
     async def _relay(

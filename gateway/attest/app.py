@@ -10,17 +10,19 @@ final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers woul
 natural place, but few clients and proxies pass them on, and the gateway's own listener
 refuses them), always on a line of its own (after a last line the backend left unended,
 an LF goes first, relayed and hashed as part of the body). The inference server's own
-`owngate-` comment lines are removed from a stream before it is hashed (`CommentFilter`,
-as the gateway does), so the countersigned body is the one the gateway relays to its
-client. Only answers below 400 are countersigned: an error answer is not relayed to the
-gateway's client as served, and the gateway records none. A 204 or 304 is relayed as a
-whole answer (it has no body, so no stream may follow its head). Nor is an answer the
-backend ended by closing the connection (no content-length, not chunked): a backend
-that died mid-answer ends it the same way, so the sidecar cannot tell that it is whole.
-Such a stream is relayed with that framing (ended by the sidecar closing), so the
-gateway reads it as it would without the sidecar (`[DONE]` or a broken stream). Nor is a
-stream with no body at all: the gateway takes a stream that ends before its first byte
-for a failure to try elsewhere, and the comment alone would be that first byte.
+`owngate-` comment lines are removed from a stream or a whole answer before it is hashed
+(gateway/sse_comments.py, as the gateway does), so the countersigned body is the one the
+gateway relays. Only an answer the gateway relays as one, a 2xx with a body, is
+countersigned (`relayed_status`, gateway/upstream/content_types.py): an error answer is
+not relayed as served, and the gateway records none; a 204, 205, 304 or redirect it
+refuses before its client sees a byte. Those are relayed whole, unsigned (a 204 or 304
+has no body, so no stream may follow its head). Nor is an answer the backend ended by
+closing the connection (no content-length, not chunked): a backend that died mid-answer
+ends it the same way, so the sidecar cannot tell that it is whole. Such a stream is
+relayed with that framing (ended by the sidecar closing), so the gateway reads it as it
+would without the sidecar (`[DONE]` or a broken stream). Nor is a stream with no body at
+all: the gateway takes a stream that ends before its first byte for a failure to try
+elsewhere, and the comment alone would be that first byte.
 
 The sidecar takes answers in no content coding: its upstream client asks for identity on
 every request (the gateway's `accept-encoding` is not among the fields it forwards), and
@@ -87,8 +89,8 @@ from gateway.provenance.formats.attestation import (
 )
 from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
-from gateway.sse_comments import CommentFilter
-from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind
+from gateway.sse_comments import CommentFilter, without_comments
+from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind, relayed_status
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
 __all__ = ["RELAYED", "AttestRelay", "AttestSettings"]
@@ -100,7 +102,6 @@ RELAYED: dict[bytes, frozenset[bytes]] = {
     b"GET": frozenset({b"/health", b"/metrics", b"/v1/models", b"/props", b"/slots"}),
 }
 
-_NO_BODY = frozenset({204, 304})  # statuses whose answer has no body whatever its headers
 _JSON = b"application/json"
 _ATTEST_LINE = ATTEST_HEADER + b": "
 _NOT_ALLOWED = GatewayError(ErrorCode.method_not_allowed, "The sidecar relays GET and POST only.")
@@ -229,17 +230,19 @@ class AttestRelay:
             if conn.left:
                 return
             content_type = response.header(b"content-type") or _JSON
-            whole = response.status >= 400 or response.status in _NO_BODY
+            signed = relayed_status(response.status)  # else relayed whole, never signed
             # As the gateway tells a stream, and only a type it relays (content_types.py)
-            stream = False if response.status >= 400 else relayed_kind(content_type)
+            stream = relayed_kind(content_type) if signed else False
             if stream is None:  # the gateway would refuse it: never countersigned
                 raise GatewayError(ErrorCode.upstream_error, _UNRELAYED)
-            if whole or not stream:
+            if not stream:
                 data = await self._read(conn, response)
                 if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
                     return
                 extra = b""
-                if response.status < 400 and not response.ended_by_close:
+                if signed and not response.ended_by_close:
+                    data, lines = without_comments(data)  # as the gateway may (above)
+                    self._stripped(lines)
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self._countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + _b64(envelope, newline=False) + b"\r\n"
@@ -291,8 +294,7 @@ class AttestRelay:
             raise GatewayError(
                 ErrorCode.upstream_error, f"the backend's answer broke off: {exc.kind}"
             ) from exc
-        if comments.stripped:
-            self._stripped(comments.stripped)
+        self._stripped(comments.stripped)
         if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
             return
         if response.ended_by_close:  # maybe cut short: relayed as such, never countersigned
@@ -321,6 +323,8 @@ class AttestRelay:
     def _stripped(self, lines: int) -> None:
         """Say that the inference server's streams held `owngate-` comment lines, at most
         once a minute (how many since, never what)."""
+        if not lines:
+            return
         said = self._strip_reports.note("backend", asyncio.get_running_loop().time(), lines)
         if said:
             self._events.warning("backend stream held owngate comment lines: removed", lines=said)

@@ -1,5 +1,6 @@
-"""Which content types of a backend's answer are relayed to a client as what they are:
-an event stream, or JSON, in UTF-8 (`relayed_kind`). The gateway refuses any other
+"""Which answers of a backend's are relayed to a client as what they are: of a status
+that is an answer with a body (`relayed_status`: a 2xx, not 204 or 205), as an event
+stream, or JSON, in UTF-8 (`relayed_kind`). The gateway refuses any other
 answer before its client sees a byte (gateway/api/answer_reads.py), and the `owngate
 attest` sidecar countersigns no other (gateway/attest/app.py): one rule for both, so a
 sidecar never signs, as a stream or at all, an answer the gateway would not relay.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["SSE", "UNRELAYABLE_TYPE", "is_sse", "relayed_kind"]
+__all__ = ["NO_BODY", "SSE", "UNRELAYABLE_TYPE", "is_sse", "relayed_kind", "relayed_status"]
 
 SSE: Final = b"text/event-stream"
 _JSON: Final = b"application/json"
@@ -30,6 +31,18 @@ UNRELAYABLE_TYPE: Final = (
     "a content-type header the gateway does not relay (over 256 bytes, not visible "
     "ASCII, neither application/json nor text/event-stream, or a charset other than UTF-8)"
 )
+
+# Statuses whose answer has no body whatever its headers say (RFC 9110): no OpenAI client
+# reads a completion, a chat completion or embeddings out of one.
+NO_BODY: Final = frozenset({204, 205, 304})
+
+
+def relayed_status(status: int) -> bool:
+    """Whether an answer of `status` is relayed to the client as the backend's answer: a
+    2xx with a body. The gateway answers an error (400 and above) with its own error
+    object, or tries another backend, and refuses a 204, 205 or 304 and any other 3xx
+    (gateway/api/answer_reads.py `check_status`)."""
+    return 200 <= status < 300 and status not in NO_BODY
 
 
 def is_sse(content_type: bytes) -> bool:

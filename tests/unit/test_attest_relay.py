@@ -414,3 +414,43 @@ def test_a_json_answer_is_countersigned_whatever_its_utf8_charset_says(
     status, headers, body = parse(written)
     assert (status, body) == (200, b"{}")
     assert "x-owngate-attest" in headers
+
+
+_SSE_BODY = (
+    b"content-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    b"9\r\ndata: x\n\n\r\n0\r\n\r\n"
+)
+_JSON_BODY = b"content-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+@pytest.mark.parametrize(
+    ("status_line", "rest"),
+    [
+        (b"HTTP/1.1 204 No Content", b"content-type: application/json\r\n\r\n"),
+        (b"HTTP/1.1 205 Reset Content", _JSON_BODY),
+        (b"HTTP/1.1 205 Reset Content", _SSE_BODY),
+        (b"HTTP/1.1 304 Not Modified", b"content-type: application/json\r\n\r\n"),
+        (b"HTTP/1.1 302 Found", b"location: http://elsewhere/\r\n" + _JSON_BODY),
+        (b"HTTP/1.1 307 Temporary Redirect", _SSE_BODY),
+        (b"HTTP/1.1 300 Multiple Choices", _JSON_BODY),
+    ],
+    ids=["204", "205-json", "205-stream", "304", "302", "307-stream", "300"],
+)
+def test_an_answer_of_a_status_the_gateway_does_not_relay_is_never_countersigned(
+    tmp_path: Path, status_line: bytes, rest: bytes
+) -> None:
+    """The gateway refuses a 204, 205 or 304 and any other 3xx before its client sees a
+    byte (gateway/api/answer_reads.py `check_status`), as it does an error: the sidecar
+    relays one unsigned (content_types.py `relayed_status`, the rule both share). Before,
+    it countersigned and logged them all, the backend host's word that it served an
+    answer no client got, as for a content type the gateway does not relay (above)."""
+    written = asyncio.run(_relay_once(tmp_path, status_line + b"\r\n" + rest))
+    assert written.startswith(status_line[:12]), written[:40]
+    assert b"owngate-attest" not in written.lower()
+    assert records(tmp_path / "log") == []  # nor a statement in the sidecar's log
+
+
+def test_a_2xx_answer_with_a_body_is_countersigned_whichever_2xx(tmp_path: Path) -> None:
+    written = asyncio.run(_relay_once(tmp_path, b"HTTP/1.1 201 Created\r\n" + _JSON_BODY))
+    assert b"x-owngate-attest:" in written.lower()
+    assert [record["type"] for record in records(tmp_path / "log")] == ["attestation"]

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.log_tally import Tally
-from gateway.sse_comments import CommentFilter
+from gateway.sse_comments import CommentFilter, without_comments
 from gateway.upstream.openai_wire import encode_chunk
 
 _EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -234,3 +234,37 @@ def test_removed_lines_are_reported_at_most_once_a_minute_per_backend() -> None:
     assert reports.note("gpu", 1059.9, 1) == 0
     assert reports.note("gpu", 1060.0, 5) == 5 + 3 + 1
     assert reports.note("gpu", 1061.0, 1) == 0
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"a": 1}',
+        b'{"a": 1}\n',
+        b'{"a": 1}\n: owngate-receipt x\n',
+        b'{"a": 1}\n: OWNGATE-x',
+        b'{"a": 1}\n: owng',  # a held start the end drops
+        b'{"a": 1}\n:' + b" " * 70 + b"x",  # blanks past the bound
+        b'{"a": 1}\r\xef\xbb\xbf: owngate-x\r\n',
+        b'{"a": 1}\n\xef\xbb',
+        b": ping\n",
+        b"",
+    ],
+)
+def test_a_whole_answer_loses_what_the_filter_removes_and_nothing_else(answer: bytes) -> None:
+    """`without_comments` (a whole answer's, the gateway's and the sidecar's) skips the
+    walk for an answer with nothing to remove: it must agree with the filter on every
+    answer, or the sidecar countersigns bytes other than the gateway relays."""
+    comments = CommentFilter()
+    assert without_comments(answer) == (comments.feed(answer) + comments.flush(), comments.stripped)
+
+
+_PIECES = [b":", b" ", b"\t", b"\n", b"\r", b"owngate-", b"OWNG", b"x", b"\xef\xbb\xbf", b"\xef"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*_PIECES, b" " * 70]), max_size=12))
+def test_without_comments_agrees_with_the_filter(pieces: list[bytes]) -> None:
+    answer = b"".join(pieces)
+    comments = CommentFilter()
+    assert without_comments(answer) == (comments.feed(answer) + comments.flush(), comments.stripped)
