@@ -40,6 +40,9 @@ class _Served:
         self.any_tile: bytes | None = None  # served for every tile path not in `files`
         self.moved: dict[str, str] = {}  # name -> where a redirect sends it
         self.moved_code = 302
+        self.moved_body = 0  # bytes of body a redirect sends (no length, till it closes)
+        self.moved_sent = 0  # of those, how many were sent before the client went
+        self.moved_done = threading.Event()  # a redirect with a body has ended
         self.tokens: list[str | None] = []  # each request's Authorization header
         self.busy: dict[str, int] = {}  # name -> how many GETs of it are answered 429 first
         self.retry_after = "0"  # the 429s' retry-after
@@ -70,6 +73,9 @@ def _serving() -> Iterator[_Served]:
             if name in state.moved:
                 self.send_response(state.moved_code)
                 self.send_header("location", state.moved[name])
+                if state.moved_body:
+                    self._send_moved_body()
+                    return
                 self.send_header("content-length", "0")
                 self.end_headers()
                 return
@@ -83,6 +89,23 @@ def _serving() -> Iterator[_Served]:
             self.send_header("content-length", str(len(data or b"")))
             self.end_headers()
             self.wfile.write(data or b"")
+
+        def _send_moved_body(self) -> None:
+            """The redirect's body, `moved_body` bytes at most, ended by closing the
+            connection: sent until the client goes (a write fails) or all of it is."""
+            self.send_header("connection", "close")
+            self.end_headers()
+            chunk = bytes(1 << 16)
+            try:
+                while state.moved_sent < state.moved_body:  # bounded: moved_body bytes
+                    self.wfile.write(chunk)
+                    state.moved_sent += len(chunk)
+                self.wfile.flush()
+            except OSError:
+                pass  # the client closed the redirect's connection: what the test wants
+            finally:
+                self.close_connection = True
+                state.moved_done.set()
 
         def _drip(self, where: str) -> None:
             """A byte, then another each time the server's pace allows, until the client
@@ -302,6 +325,30 @@ def test_a_redirect_is_followed_only_within_the_log_urls_origin(
     assert "another origin than the log URL's: not followed" in said.err
     assert other.asked == []
     assert served.asked == ["checkpoint"]
+
+
+def test_a_redirects_body_is_not_read(served: _Served, capsys: pytest.CaptureFixture[str]) -> None:
+    # urllib reads a redirect's body whole (`fp.read()`) before it follows the redirect:
+    # a log server answering a same-origin redirect with an endless body had the auditor
+    # hold all of it in memory, as long as it came within the file deadline (300 s by
+    # default: gigabytes on a fast link). The body is never the log: it is not read.
+    skey, vkey = generate_signing_key(ORIGIN)
+    root = base64.b64encode(bytes.fromhex(_EMPTY)).decode()
+    served.files["moved/checkpoint"] = sign_note(f"{ORIGIN}\n0\n{root}\n", [Signer.from_skey(skey)])
+    served.moved["checkpoint"] = f"{served.url}moved/checkpoint"
+    served.moved_body = 256 << 20  # more than any socket buffers hold between the two
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 0, capsys.readouterr().err
+    assert served.asked == ["checkpoint", "moved/checkpoint"]
+    assert served.moved_done.wait(60)  # the redirect's handler has seen the client go
+    assert served.moved_sent < served.moved_body, "the redirect's body was read through"
+
+
+def test_a_redirect_loop_ends_the_copy(served: _Served, capsys: pytest.CaptureFixture[str]) -> None:
+    _, vkey = generate_signing_key(ORIGIN)
+    served.moved["checkpoint"] = f"{served.url}checkpoint"  # to itself, for good
+    assert main(["audit", "verify", served.url, "--key", vkey]) == 2
+    assert f"GET {served.url}checkpoint: HTTP 302" in capsys.readouterr().err
+    assert 1 < len(served.asked) <= 11  # urllib's bound: 4 visits of a URL, 10 redirects
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])

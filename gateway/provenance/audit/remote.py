@@ -26,7 +26,8 @@ disk. A redirect is followed only within the URL's origin (scheme, host and port
 to another host, to plain http from https or to ftp:// would carry the auditor's
 `--token` there (urllib copies every header onto the redirected request) and read the
 log from a server the auditor never named; it ends the copy (MalformedError), as one to
-a location that does not parse does. So does a redirect to a URL with userinfo (`http://user:pass@host/`),
+a location that does not parse does. A redirect's body is never read (urllib read it
+whole, an endless one until the file's deadline). So does a redirect to a URL with userinfo (`http://user:pass@host/`),
 before any connection: urllib would take `user:pass@host` for the host name; the log URL
 may not hold one either (the token is `--token`). Neither is ever quoted with its userinfo
 (`without_userinfo`). With a token, no proxy is used: urllib took one from `http_proxy` in
@@ -312,9 +313,12 @@ class _SecureHandler(urllib.request.HTTPSHandler):
 
 
 class _SameOrigin(urllib.request.HTTPRedirectHandler):
-    """Redirects followed only to the request's origin, and to a location that parses."""
+    """Redirects followed only to the request's origin, and to a location that parses;
+    a redirect's body is never read (urllib reads it whole before following: an endless
+    one was held in memory until the file's deadline)."""
 
     def http_error_302(self, req: Any, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        fp.close()  # urllib's fp.read() then reads nothing
         try:
             return super().http_error_302(req, fp, code, msg, headers)
         except ValueError:  # urllib's urlparse of the location: an ill-formed host
