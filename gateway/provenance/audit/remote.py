@@ -25,15 +25,13 @@ of the tree size can hold, so a checkpoint that is only the server's word cannot
 disk. A redirect is followed only within the URL's origin (scheme, host and port): one
 to another host, to plain http from https or to ftp:// would carry the auditor's
 `--token` there (urllib copies every header onto the redirected request) and read the
-log from a server the auditor never named; it ends the copy (MalformedError), as one to
-a location that does not parse does. A redirect's body is never read (urllib read it
-whole, an endless one until the file's deadline). So does a redirect to a URL with userinfo (`http://user:pass@host/`),
-before any connection: urllib would take `user:pass@host` for the host name; the log URL
-may not hold one either (the token is `--token`). Neither is ever quoted with its userinfo
-(`without_userinfo`). With a token, no proxy is used: urllib took one from `http_proxy` in
-the environment (for a loopback URL too, without `no_proxy`), and a plain-http log URL
-(the admin listener's) handed the proxy the request with its `Authorization` header;
-without one, a public log is fetched through the environment's proxy as before.
+log from a server the auditor never named. It ends the copy (MalformedError), as one to a
+location that does not parse or to a URL with userinfo (`http://user:pass@host/`: urllib
+takes `user:pass@host` for the host name) does; nor may the log URL hold one (the token
+is `--token`). Neither is ever quoted with its userinfo (`without_userinfo`). With a
+token, no proxy is used: urllib took one from `http_proxy` (for a loopback URL too,
+without `no_proxy`) and handed it a plain-http log URL's (the admin listener's) request
+with its `Authorization` header; without one, a public log goes through the proxy.
 """
 
 from __future__ import annotations
@@ -313,12 +311,10 @@ class _SecureHandler(urllib.request.HTTPSHandler):
 
 
 class _SameOrigin(urllib.request.HTTPRedirectHandler):
-    """Redirects followed only to the request's origin, and to a location that parses;
-    a redirect's body is never read (urllib reads it whole before following: an endless
-    one was held in memory until the file's deadline)."""
+    """Redirects followed only to the request's origin, to a location that parses."""
 
     def http_error_302(self, req: Any, fp: Any, code: int, msg: str, headers: Any) -> Any:
-        fp.close()  # urllib's fp.read() then reads nothing
+        fp.close()  # its body unread: urllib's fp.read() held an endless one till the deadline
         try:
             return super().http_error_302(req, fp, code, msg, headers)
         except ValueError:  # urllib's urlparse of the location: an ill-formed host
