@@ -7,6 +7,7 @@ time, so a checkpoint claiming a vast log costs neither memory nor a long wait.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import threading
@@ -21,8 +22,10 @@ from gateway.provenance import MalformedError, Signer, sign_note
 from gateway.provenance.audit.remote import FetchLimits, copy_budget, mirror_log
 from gateway.provenance.audit.remote_busy import TRIES
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
-from gateway.provenance.formats.tiles import TILE_WIDTH
+from gateway.provenance.formats.tiles import TILE_WIDTH, decode_bundle, encode_bundle
 from gateway.provenance.keys import generate_signing_key
+from gateway.provenance.testing import log_refusal, seeded_signer
+from gateway.provenance.writer.log import ProvenanceLog
 
 ORIGIN = "test.owngate/hostile/1"
 VAST = 10**15  # entries: a list of their tile names would not fit in memory
@@ -495,3 +498,42 @@ def test_a_server_busy_for_good_ends_the_copy(served: _Served, tmp_path: Path) -
     with pytest.raises(MalformedError, match="tile/0/000 is not served"):
         mirror_log(served.url, tmp_path / "copy")  # the checkpoint, asked again
     assert served.asked[:2] == ["checkpoint", "checkpoint"]
+
+
+def test_a_partial_file_gone_since_is_cut_from_its_full_one(
+    served: _Served, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The log grew past the copied checkpoint's partial tile before the copy reached it:
+    # the writer deleted `tile/0/000.p/129` once `tile/0/000` was whole, and the copy took
+    # the full file in its place (tlog-tiles: the fallback). It wrote it whole, at the full
+    # name, which `verify` refuses for a tree that does not reach the tile's end ("a full
+    # tile no checkpoint covers"): every copy of a log that grew past a tile's end during
+    # it failed. Now the full file's first 129 hashes and entries are the partial ones.
+    signer = seeded_signer(ORIGIN)
+
+    async def add(first: int, end: int) -> bytes:
+        log = await ProvenanceLog.open(tmp_path / "log", ORIGIN, signer)
+        for number in range(first, end):
+            await log_refusal(log, number)
+        await log.checkpoint()
+        await log.close()
+        return (tmp_path / "log" / CHECKPOINT).read_bytes()
+
+    old = asyncio.run(add(0, 129))
+    asyncio.run(add(129, 300))
+    for path in (tmp_path / "log" / "tile").rglob("*"):
+        if path.is_file():
+            served.files[str(path.relative_to(tmp_path / "log"))] = path.read_bytes()
+    assert "tile/0/000.p/129" not in served.files and "tile/0/000" in served.files
+    served.files[CHECKPOINT] = old
+    assert main(["audit", "verify", served.url, "--key", signer.vkey]) == 0, capsys.readouterr().err
+    assert "tile/0/000" in served.asked and "tile/entries/000" in served.asked
+    copy = tmp_path / "copy"
+    assert mirror_log(served.url, copy, verifiers=[signer.verifier()]) == 129
+    assert (copy / "tile/0/000.p/129").read_bytes() == served.files["tile/0/000"][: 129 * 32]
+    assert not (copy / "tile/0/000").exists() and not (copy / "tile/entries/000").exists()
+    entries = decode_bundle(served.files["tile/entries/000"])
+    served.files["tile/entries/000"] = encode_bundle(entries[:128])  # one short of 129
+    fewer = "entries/000 is a bundle of 128 whole entries, fewer than 129"
+    with pytest.raises(MalformedError, match=fewer):
+        mirror_log(served.url, tmp_path / "short", verifiers=[signer.verifier()])

@@ -58,6 +58,8 @@ from gateway.provenance.formats.note import Verifier
 from gateway.provenance.formats.tiles import (
     MAX_ENTRY_SIZE,
     TILE_WIDTH,
+    copy_budget,
+    first_of,
     length_problem,
     tile_width,
     tree_files,
@@ -140,27 +142,20 @@ def mirror_log(
         for name, per_item in ((tile, _HASH), (bundle, _ENTRY)):
             if name is None:
                 continue
-            data = fetch(name, tile_width(name) * per_item)
-            if data is None and ".p/" in name:  # grown since: the full file holds it
-                name = name.partition(".p/")[0]
-                data = fetch(name, TILE_WIDTH * per_item)
+            data, served = fetch(name, tile_width(name) * per_item), name
+            if data is None and ".p/" in name:  # grown since: the full file begins with it
+                served = name.partition(".p/")[0]
+                data = fetch(served, TILE_WIDTH * per_item)
             if data is None:
-                raise MalformedError(f"{base}{name} is not served (tree size {size})")
-            if (problem := length_problem(name, len(data))) is not None:  # spent no byte
-                raise MalformedError(f"{base}{name} is {problem} (tree size {size})")
+                raise MalformedError(f"{base}{served} is not served (tree size {size})")
+            problem = length_problem(served, len(data))  # an empty file spent no byte
+            if problem is None and served != name:  # kept as the partial one: verify takes
+                cut = first_of(name, data)  # no full file past its tree's end
+                problem, data = (cut, data) if isinstance(cut, str) else (None, cut)
+            if problem is not None:
+                raise MalformedError(f"{base}{served} is {problem} (tree size {size})")
             _write(directory / name, data)
     return size
-
-
-def copy_budget(size: int) -> int:
-    """The most bytes the tiles and entry bundles of a tree of `size` leaves can take: each
-    hash tile 32 bytes a hash, each bundle 2 + 65535 bytes an entry. (A partial file may
-    be served full, so each level's last tile is counted full.)"""
-    total, hashes = 0, size
-    while hashes:  # bounded: a level holds 256 times fewer hashes than the one below
-        total += -(-hashes // TILE_WIDTH) * TILE_WIDTH * _HASH
-        hashes //= TILE_WIDTH
-    return total + -(-size // TILE_WIDTH) * TILE_WIDTH * _ENTRY
 
 
 class _Budget:

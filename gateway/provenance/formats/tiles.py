@@ -24,11 +24,13 @@ __all__ = [
     "TILE_HEIGHT",
     "TILE_WIDTH",
     "TileReader",
+    "copy_budget",
     "decode_bundle",
     "encode_bundle",
     "encode_entry",
     "entries_path",
     "file_limit",
+    "first_of",
     "index_path",
     "length_problem",
     "split_bundle",
@@ -61,6 +63,30 @@ def length_problem(name: str, length: int) -> str | None:
     elif length < width * 2:
         return f"{length} bytes, less than the {width * 2} of {width} entries' length prefixes"
     return None
+
+
+def first_of(name: str, full: bytes) -> bytes | str:
+    """The partial tile or bundle at `name` (`.p/<W>`) cut from `full`, the bytes of its
+    full file (a log serves that once the partial one is gone; its first W hashes or
+    entries are the partial one's), or why it cannot be: fewer than W whole entries."""
+    width = tile_width(name)
+    if not name.startswith("tile/entries/"):
+        return full[: width * HASH_SIZE]  # a full tile: exactly 256 hashes (length_problem)
+    entries, _ = split_bundle(full)
+    if len(entries) < width:
+        return f"a bundle of {len(entries)} whole entries, fewer than {width}"
+    return full[: sum(2 + len(entry) for entry in entries[:width])]
+
+
+def copy_budget(size: int) -> int:
+    """The most bytes the tiles and entry bundles of a tree of `size` leaves can take: each
+    hash tile 32 bytes a hash, each bundle 2 + 65535 bytes an entry. (A partial file may
+    be served full, so each level's last tile is counted full.)"""
+    total, hashes = 0, size
+    while hashes:  # bounded: a level holds 256 times fewer hashes than the one below
+        total += -(-hashes // TILE_WIDTH) * MAX_TILE_FILE
+        hashes //= TILE_WIDTH
+    return total + -(-size // TILE_WIDTH) * MAX_BUNDLE_FILE
 
 
 def tile_width(name: str) -> int:
