@@ -65,15 +65,14 @@ def without_comments(data: bytes) -> tuple[bytes, int]:
     gateway's for the whole answer of a request that says `stream: true`, and the `owngate
     attest` sidecar's for every whole answer it countersigns, so that it signs what the
     gateway relays (it does not read the request's flag; nothing is left to remove then)."""
-    # The usual answer: no marker, and no line a `:` opens (after a BOM or not), so none
-    # the filter removes or holds: nothing to remove, and no line walked (a regex search
-    # per line). One line (line ends at its end at most) is told by its start alone.
+    # The usual answer: no line a `:` opens (after a BOM or not), and the filter removes
+    # or holds no other: nothing to remove, and no line walked (a regex search per line).
+    # One line (line ends at its end at most) is told by its start alone.
     lines = data.rstrip(b"\r\n")
     if lines.find(b"\n") < 0 and lines.find(b"\r") < 0:
-        opened = lines.startswith(_OPENED)
-    else:
-        opened = any(data.find(start) >= 0 for start in _LINE_OPENED) or data.startswith(b":")
-    if not opened and data.lower().find(_MARK) < 0:
+        if not lines.startswith(_OPENED):
+            return data, 0
+    elif not (data.startswith(b":") or any(data.find(start) >= 0 for start in _LINE_OPENED)):
         return data, 0
     comments = CommentFilter()
     return comments.feed(data) + comments.flush(), comments.stripped

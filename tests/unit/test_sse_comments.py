@@ -249,6 +249,10 @@ def test_removed_lines_are_reported_at_most_once_a_minute_per_backend() -> None:
         b'{"a": 1}\n\xef\xbb',
         b": ping\n",
         b"",
+        b'{\n  "a": 1\n}\n',  # pretty-printed: walked only when a `:` opens a line
+        b'{"a":\n:' + b" " * 70 + b"x\n1}",
+        b'{"a": 1}\r\n\r\n',
+        b':{"a": 1}\n',
     ],
 )
 def test_a_whole_answer_loses_what_the_filter_removes_and_nothing_else(answer: bytes) -> None:
