@@ -24,15 +24,19 @@ line, comments such as `: ping` included, passes untouched.
 A line can be split across reads at any byte. The start of a line that may still become
 such a comment (`:`, blanks, a prefix of `owngate-`) is held back until it can be told
 apart, at most `_MAX_HELD` bytes: a comment whose leading blanks run past that is removed
-too (it means nothing to an SSE client, and it could hide the prefix beyond the bound).
+too (it means nothing to an SSE client, and it could hide the prefix beyond the bound),
+and so is one a read brings whole, so that the sidecar and the gateway, which read one
+stream in different pieces, remove the same lines (before, a read ending inside it
+removed it at the gateway alone: bytes other than the sidecar countersigned).
 A removed line is dropped as it arrives, never buffered, however long it is.
 
-The common read (no `owngate-` in it, ending at a line end) costs one `bytes.lower` (the
-ASCII case fold), one `bytes.find` and a look at its last byte; only reads with the
-marker, or ending mid-line, are walked (a Python step per line that holds the marker or
-starts the read's last partial line). A relay that found its read to be one `data:` line
-(gateway/api/sse_framing.py, `one_data_line`) does not feed it while the filter is
-`clean`: it holds no comment line and would pass unchanged.
+The common read (no `owngate-` in it nor a run of 56 blanks, ending at a line end) costs
+one `bytes.translate` (the ASCII case fold, a tab as a space), two `bytes.find` and a look
+at its last byte; only reads with the marker or such a run, or ending mid-line, are
+walked (a Python step per line that holds either or starts the read's last partial
+line). A relay that found its read to be one `data:` line (gateway/api/sse_framing.py,
+`one_data_line`) does not feed it while the filter is `clean`: it holds no comment line
+and would pass unchanged.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ _MAX_HELD: Final = 64  # `:`, blanks, a prefix of `owngate-` (and a BOM at the s
 _LINE_END: Final = re.compile(rb"[\r\n]")
 _BLANKS: Final = b" \t"
 _ENDS: Final = (10, 13)  # LF, CR
+# What decides is read case-folded (ASCII) with a tab as a space: a run of blanks that
+# long after a line's `:` is one a read ending inside it could not hold (`_verdict`).
+_FOLD: Final = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ\t", b"abcdefghijklmnopqrstuvwxyz ")
+_RUN: Final = b" " * (_MAX_HELD - len(_MARK))
+_OPENED: Final = (b":", _BOM + b":")  # a line the filter may remove or hold starts so
+_LINE_OPENED: Final = (b"\n:", b"\r:", _BOM + b":")
 
 
 def without_comments(data: bytes) -> tuple[bytes, int]:
@@ -55,10 +65,14 @@ def without_comments(data: bytes) -> tuple[bytes, int]:
     gateway's for the whole answer of a request that says `stream: true`, and the `owngate
     attest` sidecar's for every whole answer it countersigns, so that it signs what the
     gateway relays (it does not read the request's flag; nothing is left to remove then)."""
-    # The usual answer: no marker, and a last line the filter would not hold (a `:` or a
-    # BOM opens it): nothing to remove, and no line walked (a regex search per line).
-    last = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
-    if data[last : last + 1] not in (b":", _BOM[:1]) and data.lower().find(_MARK) < 0:
+    # The usual answer: no line a `:` opens (after a BOM or not), and the filter removes
+    # or holds no other: nothing to remove, and no line walked (a regex search per line).
+    # One line (line ends at its end at most) is told by its start alone.
+    lines = data.rstrip(b"\r\n")
+    if lines.find(b"\n") < 0 and lines.find(b"\r") < 0:
+        if not lines.startswith(_OPENED):
+            return data, 0
+    elif not (data.startswith(b":") or any(data.find(start) >= 0 for start in _LINE_OPENED)):
         return data, 0
     comments = CommentFilter()
     return comments.feed(data) + comments.flush(), comments.stripped
@@ -81,10 +95,13 @@ class CommentFilter:
 
     def feed(self, data: bytes) -> bytes:
         """Bytes from the backend in; the bytes to relay out."""
-        # Whole lines, none marked in any case: the state stays clean. `find`, not `in`: a
-        # bytes `in` first tries its operand as an int (a raised and cleared TypeError).
-        if self.clean and data and data[-1] in _ENDS and data.lower().find(_MARK) < 0:
-            return data
+        # Whole lines, none marked in any case nor holding a long run of blanks: the state
+        # stays clean. `find`, not `in`: a bytes `in` first tries its operand as an int (a
+        # raised and cleared TypeError).
+        if self.clean and data and data[-1] in _ENDS:
+            folded = data.translate(_FOLD)
+            if folded.find(_MARK) < 0 and folded.find(_RUN) < 0:
+                return data
         out = self._walk(data)
         self.clean = (
             self._line_start and not self._held and not self._dropping and not self._skip_lf
@@ -103,7 +120,7 @@ class CommentFilter:
     def _walk(self, data: bytes) -> bytes:
         buffer = self._held + data if self._held else data
         self._held = b""
-        folded = buffer.lower()  # what decides; the bytes relayed are `buffer`'s
+        folded = buffer.translate(_FOLD)  # what decides; the bytes relayed are `buffer`'s
         pos = 0
         if self._skip_lf and buffer:
             self._skip_lf = False
@@ -138,9 +155,12 @@ class CommentFilter:
 
     def _next_candidate(self, buffer: bytes, pos: int) -> int:
         """Past the whole lines from `pos` (a line start) that hold no `owngate-` at all
-        (`buffer` case-folded): the start of the line that holds the next one, or of the
-        last, partial, line."""
+        nor a long run of blanks (`buffer` folded): the start of the line that holds the
+        next one, or of the last, partial, line."""
         hit = buffer.find(_MARK, pos)
+        run = buffer.find(_RUN, pos)
+        if run >= 0 and (hit < 0 or run < hit):
+            hit = run
         if hit < 0:  # the rest holds none: stop at the start of its last partial line
             if buffer[-1] in _ENDS:
                 return len(buffer)
@@ -183,11 +203,25 @@ def _verdict(buffer: bytes, pos: int, end: int) -> str:
     text = line[1:].lstrip(_BLANKS)
     if text.startswith(_MARK):
         return "strip"
+    # Past the bound, what a read ending inside this line would hold (`:`, blanks, a start
+    # of the marker): removed, whole or not, so that the verdict is the same however the
+    # line came in reads (the sidecar and the gateway read a stream in different pieces).
+    lead = len(line) - len(text)
+    if lead + len(_MARK) > _MAX_HELD and lead + _common_start(text) > _MAX_HELD:
+        return "strip"
     if complete or (text and not _MARK.startswith(text)):
         return "pass"
-    if len(line) > _MAX_HELD:  # blanks past the bound: it may hide the marker beyond it
-        return "strip"
     return "hold"
+
+
+def _common_start(text: bytes) -> int:
+    """How many of `text`'s first bytes are the marker's."""
+    count = 0
+    for byte, mark in zip(text, _MARK, strict=False):
+        if byte != mark:
+            break
+        count += 1
+    return count
 
 
 def _could_be_marked(rest: bytes) -> bool:
