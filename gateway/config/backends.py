@@ -209,6 +209,12 @@ class BackendSettings(_Strict):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an absolute http(s) URL")
+        if "@" in parts.netloc:  # `https://api.openai.com@evil.example`; never quoted
+            raise ValueError(
+                f"base_url must not carry userinfo (user@, user:password@) before its host "
+                f"{parts.hostname!r}: the host is what follows the @, whatever the text before "
+                "it reads as, and a password would be shown (api_key_env holds a key)"
+            )
         try:
             parts.port  # noqa: B018 - raises on a port out of range
         except ValueError as exc:
