@@ -8,9 +8,9 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.backend_trust import AttestSettings, BackendTLSSettings
 from gateway.config.base import Identifier, _Strict
@@ -95,11 +95,17 @@ class ModelSettings(_Strict):
         default=None, description="LiteLLM model string for hosted backends, e.g. openai/gpt-4o"
     )
 
-    @field_validator("name", "aliases")
+    @field_validator("name", "aliases", "provider_model")
     @classmethod
-    def _plain_names(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
-        # Policies match these names (`models.deny`): a look-alike letter escapes them.
-        for name in (value,) if isinstance(value, str) else value:
+    def _plain_names(
+        cls, value: str | tuple[str, ...] | None, info: ValidationInfo
+    ) -> str | tuple[str, ...] | None:
+        # Policies match these names (`models.deny`): a look-alike letter escapes them; a
+        # provider model also percent-decoded, as they judge it (`openai/gpt-4o%20`).
+        names = () if value is None else (value,) if isinstance(value, str) else value
+        if info.field_name == "provider_model":
+            names = tuple(dict.fromkeys((*names, *(unquote(name) for name in names))))
+        for name in names:
             problem = plain_name_problem(name)
             if problem is not None:
                 raise ValueError(f"{problem}; policies match this name as written")
