@@ -17,7 +17,7 @@ from gateway.config.base import Identifier, _Strict
 from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
 from gateway.config.media import MediaUrlSettings
 from gateway.config.openai_regions import check_openai_region
-from gateway.config.provider_routes import check_route, is_azure
+from gateway.config.provider_routes import check_private_host, check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.config.vertex_regions import check_vertex_regions
 from gateway.plain_names import plain_name_problem
@@ -100,8 +100,7 @@ class ModelSettings(_Strict):
     def _plain_names(
         cls, value: str | tuple[str, ...] | None, info: ValidationInfo
     ) -> str | tuple[str, ...] | None:
-        # Policies match these names (`models.deny`): a look-alike letter escapes them; a
-        # provider model also percent-decoded, as they judge it (`openai/gpt-4o%20`).
+        # Policies match these names (`models.deny`) as written, a provider model decoded
         names = () if value is None else (value,) if isinstance(value, str) else value
         if info.field_name == "provider_model":
             names = tuple(dict.fromkeys((*names, *(unquote(name) for name in names))))
@@ -174,8 +173,7 @@ class BackendSettings(_Strict):
     @field_validator("provider", mode="before")
     @classmethod
     def _written_provider(cls, value: object) -> object:
-        # Run only for a key written: `provider:` with its value commented out would have
-        # policies judge the owner instead, unseen in a review.
+        # Run only for a key written: `provider:` with no value judged the owner unseen.
         if value is None:
             raise ValueError(
                 "provider is written with no value: write the provider, or leave the key "
@@ -283,8 +281,10 @@ class BackendSettings(_Strict):
 
     @model_validator(mode="after")
     def _kind_rules(self) -> BackendSettings:
-        if self.kind in PRIVATE_KINDS and self.base_url is None:
-            raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+        if self.kind in PRIVATE_KINDS:  # at no provider's model API (provider_routes.py)
+            if self.base_url is None:
+                raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+            check_private_host(self.kind, self.base_url)
         if self.tls is not None or self.identity == "certificate":
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("tls and identity apply to private backends only")

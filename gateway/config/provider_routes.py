@@ -50,9 +50,13 @@ from collections.abc import Iterable
 from typing import Final, NamedTuple
 from urllib.parse import urlsplit
 
-from gateway.config.azure_endpoints import AZURE_PREFIXES, azure_endpoint_problem
+from gateway.config.azure_endpoints import (
+    AZURE_PREFIXES,
+    azure_endpoint_problem,
+    is_azure_endpoint_host,
+)
 
-__all__ = ["LITELLM_PROVIDERS", "check_route", "is_azure", "route_of"]
+__all__ = ["LITELLM_PROVIDERS", "check_private_host", "check_route", "is_azure", "route_of"]
 
 # `litellm.provider_list` of the locked LiteLLM (1.108.7); tests/unit/test_provider_routes.py
 # compares it with the installed one.
@@ -298,3 +302,28 @@ def _check_azure_base_url(base_url: str, *, unchecked_host: bool) -> None:
             f"base_url of an Azure backend: {problem}; Azure traffic goes to Azure's "
             f"endpoints over https ({hatch})"
         )
+
+
+# AWS's model APIs (Bedrock's, SageMaker's runtime), including their VPC endpoints
+# (`vpce-x.bedrock-runtime.<region>.vpce.amazonaws.com`): not every amazonaws.com host.
+_AWS_MODEL_API: Final = re.compile(r"(?:^|\.)(?:bedrock[a-z-]*|runtime(?:-fips)?\.sagemaker)\.")
+
+
+def check_private_host(kind: str, base_url: str) -> None:
+    """Raise ValueError when a private backend's `base_url` is a hosted provider's model
+    API: policies treat a private backend as the operator's own server, and send it what
+    may never leave them. A server of the operator's own in a cloud (an EC2 or Azure VM,
+    a load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host."""
+    entry = _host_owner(base_url)
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    if entry is None or (
+        (entry.names[0] == "azure" and not is_azure_endpoint_host(host))
+        or (entry.names[0] == "aws" and not _AWS_MODEL_API.search(host))
+    ):
+        return
+    raise ValueError(
+        f"base_url host {host!r} is {entry.names[0]}'s hosted model API, but the backend is "
+        f"a private one (kind: {kind}), which policies treat as the operator's own server "
+        "(sent what may never leave it): declare it kind: hosted with provider: "
+        f"{entry.names[0]} and the provider_model of each model"
+    )

@@ -67,7 +67,11 @@ def test_a_private_base_url_with_credentials_is_refused_unquoted() -> None:
     assert "userinfo" in message and "'10.0.0.11'" in message and "s3cret" not in message
 
 
-@pytest.mark.parametrize("base_url", ["https://api.openai.com/v1", "http://10.0.0.11:8000/v1"])
-def test_a_base_url_without_userinfo_still_loads(base_url: str) -> None:
-    config = parse_config(yaml.safe_dump({"backends": [private(base_url)]}), env={})
-    assert config.backends[0].base_url == base_url
+@pytest.mark.parametrize(
+    "backend",
+    [hosted("https://api.openai.com/v1"), private("http://10.0.0.11:8000/v1")],
+    ids=["hosted", "private"],
+)
+def test_a_base_url_without_userinfo_still_loads(backend: dict[str, Any]) -> None:
+    config = parse_config(yaml.safe_dump({"backends": [backend]}), env={})
+    assert config.backends[0].base_url == backend["base_url"]
