@@ -17,7 +17,7 @@ from gateway.config.base import Identifier, _Strict
 from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
 from gateway.config.media import MediaUrlSettings
 from gateway.config.openai_regions import check_openai_region
-from gateway.config.provider_routes import check_private_host, check_route, is_azure
+from gateway.config.provider_routes import check_private, check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.config.vertex_regions import check_vertex_regions
 from gateway.plain_names import plain_name_problem
@@ -184,9 +184,8 @@ class BackendSettings(_Strict):
     @field_validator("region", "owner", "provider")
     @classmethod
     def _plain_fact(cls, value: str | None) -> str | None:
-        # Policies match these facts by name: `region: "us-east-1 "` (or one with a
-        # zero-width space, or a Cyrillic look-alike letter) would escape
-        # `residency.deny: [us]` unseen in a review (gateway/plain_names.py).
+        # Policies match these facts by name: `region: "us-east-1 "` (or with a zero-width
+        # space, a look-alike letter) escaped `residency.deny: [us]` (plain_names.py).
         problem = None if value is None else plain_name_problem(value)
         if problem is not None:
             raise ValueError(f"{problem}; policies match this name as written")
@@ -281,10 +280,11 @@ class BackendSettings(_Strict):
 
     @model_validator(mode="after")
     def _kind_rules(self) -> BackendSettings:
-        if self.kind in PRIVATE_KINDS:  # at no provider's model API (provider_routes.py)
+        if self.kind in PRIVATE_KINDS:  # names no provider (provider_routes.py)
             if self.base_url is None:
                 raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
-            check_private_host(self.kind, self.base_url)
+            written = [m.provider_model for m in self.models]
+            check_private(self.kind, self.base_url, self.provider, written)
         if self.tls is not None or self.identity == "certificate":
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("tls and identity apply to private backends only")

@@ -56,7 +56,7 @@ from gateway.config.azure_endpoints import (
     is_azure_endpoint_host,
 )
 
-__all__ = ["LITELLM_PROVIDERS", "check_private_host", "check_route", "is_azure", "route_of"]
+__all__ = ["LITELLM_PROVIDERS", "check_private", "check_route", "is_azure", "route_of"]
 
 # `litellm.provider_list` of the locked LiteLLM (1.108.7); tests/unit/test_provider_routes.py
 # compares it with the installed one.
@@ -309,11 +309,22 @@ def _check_azure_base_url(base_url: str, *, unchecked_host: bool) -> None:
 _AWS_MODEL_API: Final = re.compile(r"(?:^|\.)(?:bedrock[a-z-]*|runtime(?:-fips)?\.sagemaker)\.")
 
 
-def check_private_host(kind: str, base_url: str) -> None:
-    """Raise ValueError when a private backend's `base_url` is a hosted provider's model
-    API: policies treat a private backend as the operator's own server, and send it what
-    may never leave them. A server of the operator's own in a cloud (an EC2 or Azure VM,
-    a load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host."""
+def check_private(
+    kind: str, base_url: str, provider: str | None, provider_models: Iterable[str | None]
+) -> None:
+    """Raise ValueError when a private backend names a provider: a `provider` or a
+    `provider_model` (policies judge a private backend by its owner and the names it
+    serves, so either was ignored, unseen in a review: `provider: azure` passed
+    `providers.deny: [azure]`), or a `base_url` at a hosted provider's model API:
+    policies treat a private backend as the operator's own server, and send it what may
+    never leave them. A server of the operator's own in a cloud (an EC2 or Azure VM, a
+    load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host."""
+    for key, written in (("provider", [provider]), ("provider_model", provider_models)):
+        if any(value is not None for value in written):
+            raise ValueError(
+                f"{key} applies to hosted backends only: policies judge a private backend "
+                f"(kind: {kind}) by its owner and the model names it serves; remove it"
+            )
     entry = _host_owner(base_url)
     host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
     if entry is None or (

@@ -66,3 +66,21 @@ def test_a_private_backend_at_a_providers_model_api_does_not_load(
 def test_a_private_server_in_a_cloud_still_loads(base_url: str) -> None:
     (backend,) = parse_config(private("vllm", base_url), env={}).backends
     assert backend.is_private
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"provider": "azure"}, "provider"),
+        ({"models": [{"name": "m", "provider_model": "openai/gpt-4o"}]}, "provider_model"),
+    ],
+)
+def test_a_private_backend_names_no_provider(fields: dict[str, object], key: str) -> None:
+    """Policies judge a private backend by its owner and the names it serves: a `provider:
+    azure` written on one was ignored, so `providers.deny: [azure]` let it through while a
+    review read it as Azure (and a `provider_model` was not what a `models` rule judged)."""
+    backend = {**yaml.safe_load(private("vllm", "http://10.0.0.11:8000"))["backends"][0]}
+    with pytest.raises(ConfigError) as info:
+        parse_config(yaml.safe_dump({"backends": [{**backend, **fields}]}), env={})
+    (issue,) = info.value.issues
+    assert f"{key} applies to hosted backends only" in issue.message
