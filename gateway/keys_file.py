@@ -80,6 +80,13 @@ def read_keys_file(path: Path) -> dict[str, list[str]]:
     if hidden is not None:  # a digest bound to a tenant unseen in a review (plain_yaml.py)
         line, column, why = hidden
         raise ValueError(f"{path}:{line}:{column}: {why}")
+    twice = _written_twice(text)
+    if twice is not None:
+        raise ValueError(
+            f"{path}: line {twice}: a key is written twice in one mapping (YAML keeps only "
+            "the last copy: a tenant's first list of digests would be dropped unseen); "
+            "merge the two"
+        )
     data = yaml.safe_load(text) or {}
     tenants = data.get("tenants", {}) if isinstance(data, dict) else None
     if not isinstance(tenants, dict):
@@ -92,6 +99,33 @@ def read_keys_file(path: Path) -> dict[str, list[str]]:
             raise ValueError(f"{path}: tenants.{tenant} must be a list of 'sha256:<hex>' digests")
         result[str(tenant)] = list(hashes)
     return result
+
+
+def _written_twice(text: str) -> int | None:
+    """The line of the first mapping key `text` writes a second time in one mapping (a
+    tenant listed twice), or None. Unparsable text is left to `yaml.safe_load`."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    pending = [root] if root is not None else []
+    visited: set[int] = set()  # each node once: an alias may name one again, or itself
+    while pending:
+        node = pending.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            seen: set[object] = set()
+            for key, value in node.value:
+                written = key.value if isinstance(key, yaml.ScalarNode) else id(key)
+                if written in seen:
+                    return int(key.start_mark.line) + 1
+                seen.add(written)
+                pending.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend(node.value)
+    return None
 
 
 def add_key_hash(path: Path, tenant: str, key_hash: str) -> None:

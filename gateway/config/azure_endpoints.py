@@ -98,6 +98,11 @@ AZURE_FORMS: Final = (
 )
 
 
+def is_azure_endpoint_host(host: str) -> bool:
+    """Whether `host` has one of Azure's inference endpoint forms (`AZURE_FORMS`)."""
+    return _AZURE_HOST.fullmatch(host.rstrip(".")) is not None
+
+
 def azure_endpoint_problem(url: str, *, any_host: bool = False) -> str | None:
     """Why `url` is no Azure inference endpoint (a sentence naming its host, never the
     whole URL, which may carry a secret), or None when it is one. `any_host`: any host

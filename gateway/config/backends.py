@@ -8,16 +8,16 @@ from __future__ import annotations
 import ipaddress
 import re
 from typing import Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gateway.config.backend_trust import AttestSettings, BackendTLSSettings
 from gateway.config.base import Identifier, _Strict
 from gateway.config.bedrock_profiles import check_bedrock_profiles, check_bedrock_regions
 from gateway.config.media import MediaUrlSettings
 from gateway.config.openai_regions import check_openai_region
-from gateway.config.provider_routes import check_route, is_azure
+from gateway.config.provider_routes import check_private, check_route, is_azure
 from gateway.config.routing import BreakerSettings
 from gateway.config.vertex_regions import check_vertex_regions
 from gateway.plain_names import plain_name_problem
@@ -95,11 +95,16 @@ class ModelSettings(_Strict):
         default=None, description="LiteLLM model string for hosted backends, e.g. openai/gpt-4o"
     )
 
-    @field_validator("name", "aliases")
+    @field_validator("name", "aliases", "provider_model")
     @classmethod
-    def _plain_names(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
-        # Policies match these names (`models.deny`): a look-alike letter escapes them.
-        for name in (value,) if isinstance(value, str) else value:
+    def _plain_names(
+        cls, value: str | tuple[str, ...] | None, info: ValidationInfo
+    ) -> str | tuple[str, ...] | None:
+        # Policies match these names (`models.deny`) as written, a provider model decoded
+        names = () if value is None else (value,) if isinstance(value, str) else value
+        if info.field_name == "provider_model":
+            names = tuple(dict.fromkeys((*names, *(unquote(name) for name in names))))
+        for name in names:
             problem = plain_name_problem(name)
             if problem is not None:
                 raise ValueError(f"{problem}; policies match this name as written")
@@ -168,8 +173,7 @@ class BackendSettings(_Strict):
     @field_validator("provider", mode="before")
     @classmethod
     def _written_provider(cls, value: object) -> object:
-        # Run only for a key written: `provider:` with its value commented out would have
-        # policies judge the owner instead, unseen in a review.
+        # Run only for a key written: `provider:` with no value judged the owner unseen.
         if value is None:
             raise ValueError(
                 "provider is written with no value: write the provider, or leave the key "
@@ -180,9 +184,8 @@ class BackendSettings(_Strict):
     @field_validator("region", "owner", "provider")
     @classmethod
     def _plain_fact(cls, value: str | None) -> str | None:
-        # Policies match these facts by name: `region: "us-east-1 "` (or one with a
-        # zero-width space, or a Cyrillic look-alike letter) would escape
-        # `residency.deny: [us]` unseen in a review (gateway/plain_names.py).
+        # Policies match these facts by name: `region: "us-east-1 "` (or with a zero-width
+        # space, a look-alike letter) escaped `residency.deny: [us]` (plain_names.py).
         problem = None if value is None else plain_name_problem(value)
         if problem is not None:
             raise ValueError(f"{problem}; policies match this name as written")
@@ -209,6 +212,12 @@ class BackendSettings(_Strict):
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be an absolute http(s) URL")
+        if "@" in parts.netloc:  # `https://api.openai.com@evil.example`; never quoted
+            raise ValueError(
+                f"base_url must not carry userinfo (user@, user:password@) before its host "
+                f"{parts.hostname!r}: the host is what follows the @, whatever the text before "
+                "it reads as, and a password would be shown (api_key_env holds a key)"
+            )
         try:
             parts.port  # noqa: B018 - raises on a port out of range
         except ValueError as exc:
@@ -271,8 +280,11 @@ class BackendSettings(_Strict):
 
     @model_validator(mode="after")
     def _kind_rules(self) -> BackendSettings:
-        if self.kind in PRIVATE_KINDS and self.base_url is None:
-            raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+        if self.kind in PRIVATE_KINDS:  # names no provider (provider_routes.py)
+            if self.base_url is None:
+                raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
+            written = [m.provider_model for m in self.models]
+            check_private(self.kind, self.base_url, self.provider, written)
         if self.tls is not None or self.identity == "certificate":
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("tls and identity apply to private backends only")

@@ -26,8 +26,10 @@ without importing LiteLLM (the config path never does):
   large, its redirects followed (`openai/` at the same `base_url` speaks the same wire
   format);
 - a `base_url` whose host is under a domain `_PROVIDERS` lists (`api.openai.com`,
-  `*.openai.azure.com`, `*.amazonaws.com`, ...) must belong to the declared provider.
-  Any other host (an internal proxy, a provider not in the table) is taken as declared.
+  `*.openai.azure.com`, `*.amazonaws.com`, ...), or is an API host LiteLLM itself knows
+  as one provider's (`_OWN_HOSTS`: `dashscope.aliyuncs.com`, `api.studio.nebius.ai`,
+  ...), must belong to the declared provider. Any other host (an internal proxy, a
+  provider neither table knows) is taken as declared.
 
 - Azure has no default URL, and its hosts are a handful of documented forms: a backend
   judged as Azure (declared `azure`/`microsoft`, or an Azure route) must have its
@@ -48,9 +50,13 @@ from collections.abc import Iterable
 from typing import Final, NamedTuple
 from urllib.parse import urlsplit
 
-from gateway.config.azure_endpoints import AZURE_PREFIXES, azure_endpoint_problem
+from gateway.config.azure_endpoints import (
+    AZURE_PREFIXES,
+    azure_endpoint_problem,
+    is_azure_endpoint_host,
+)
 
-__all__ = ["LITELLM_PROVIDERS", "check_route", "is_azure", "route_of"]
+__all__ = ["LITELLM_PROVIDERS", "check_private", "check_route", "is_azure", "route_of"]
 
 # `litellm.provider_list` of the locked LiteLLM (1.108.7); tests/unit/test_provider_routes.py
 # compares it with the installed one.
@@ -85,6 +91,56 @@ class _Provider(NamedTuple):
     domains: tuple[str, ...]  # its API hosts are these or under them
 
 
+# The API hosts the locked LiteLLM knows as one provider's OpenAI-compatible endpoint
+# (`litellm.openai_compatible_endpoints`, the provider its `get_llm_provider` names for
+# it) and the table below does not cover: `provider: openai` with `openai/qwen-max` at
+# `https://dashscope.aliyuncs.com/...` loaded, judged as OpenAI while its prompts went to
+# Alibaba Cloud. tests/unit/test_provider_routes.py compares them with the installed one.
+_OWN_HOST_LIST = """
+    anyscale api.endpoints.anyscale.com
+    apertis api.stima.tech
+    chutes llm.chutes.ai
+    clarifai api.clarifai.com
+    cognition api.cognition.ai
+    coralbricks inference.coralbricks.ai
+    cortecs api.cortecs.ai
+    dashscope dashscope.aliyuncs.com dashscope-intl.aliyuncs.com
+    edenai api.edenai.run
+    empower app.empower.dev
+    featherless_ai api.featherless.ai
+    friendliai api.friendli.ai
+    galadriel api.galadriel.ai
+    gigachat gigachat.devices.sberbank.ru
+    helicone ai-gateway.helicone.ai
+    hyperbolic api.hyperbolic.xyz
+    inception api.inceptionlabs.ai
+    lambda_ai api.lambda.ai
+    libertai api.libertai.io
+    modelscope api-inference.modelscope.cn
+    moonshot api.moonshot.ai
+    morph api.morphllm.com
+    nadir api.getnadir.com
+    nano-gpt nano-gpt.com
+    nebius api.studio.nebius.ai
+    nscale inference.api.nscale.com
+    nvidia_nim integrate.api.nvidia.com
+    ollama ollama.com
+    pinstripes pinstripes.io
+    poe api.poe.com
+    prism api.prisminference.com
+    publicai api.publicai.co
+    reka api.reka.ai
+    sail api.sailresearch.com
+    sambanova api.sambanova.ai
+    scx-ai api.scx.ai
+    synthetic api.synthetic.new
+    tensormesh serverless.tensormesh.ai
+    v0 api.v0.dev
+    vercel_ai_gateway ai-gateway.vercel.sh
+    wandb api.inference.wandb.ai
+"""
+_OWN_HOSTS: Final = tuple(line.split() for line in _OWN_HOST_LIST.strip().splitlines())
+
 # Providers that own more than one prefix, or whose API hosts are known. A prefix in no
 # entry belongs to the provider of the same name (`groq/` to `provider: groq`).
 _PROVIDERS: Final = (
@@ -103,7 +159,7 @@ _PROVIDERS: Final = (
     ),
     _Provider(("mistral",), ("mistral", "codestral", "text-completion-codestral"), ("mistral.ai",)),
     _Provider(("cohere",), ("cohere", "cohere_chat"), ("cohere.ai", "cohere.com")),
-    _Provider(("meta",), ("meta", "meta_llama"), ("llama.com",)),
+    _Provider(("meta",), ("meta", "meta_llama"), ("llama.com", "api.meta.ai")),
     _Provider(("together",), ("together_ai",), ("together.ai", "together.xyz")),
     _Provider(("fireworks",), ("fireworks_ai",), ("fireworks.ai",)),
     _Provider(("groq",), ("groq",), ("groq.com",)),
@@ -112,6 +168,7 @@ _PROVIDERS: Final = (
     _Provider(("perplexity",), ("perplexity",), ("perplexity.ai",)),
     _Provider(("openrouter",), ("openrouter",), ("openrouter.ai",)),
     _Provider(("deepinfra",), ("deepinfra",), ("deepinfra.com",)),
+    *(_Provider((name,), (name,), tuple(hosts)) for name, *hosts in _OWN_HOSTS),
 )
 # Prefixes that name OpenAI's wire format at the `base_url` given, not a provider.
 _AT_BASE_URL: Final = frozenset(
@@ -245,3 +302,39 @@ def _check_azure_base_url(base_url: str, *, unchecked_host: bool) -> None:
             f"base_url of an Azure backend: {problem}; Azure traffic goes to Azure's "
             f"endpoints over https ({hatch})"
         )
+
+
+# AWS's model APIs (Bedrock's, SageMaker's runtime), including their VPC endpoints
+# (`vpce-x.bedrock-runtime.<region>.vpce.amazonaws.com`): not every amazonaws.com host.
+_AWS_MODEL_API: Final = re.compile(r"(?:^|\.)(?:bedrock[a-z-]*|runtime(?:-fips)?\.sagemaker)\.")
+
+
+def check_private(
+    kind: str, base_url: str, provider: str | None, provider_models: Iterable[str | None]
+) -> None:
+    """Raise ValueError when a private backend names a provider: a `provider` or a
+    `provider_model` (policies judge a private backend by its owner and the names it
+    serves, so either was ignored, unseen in a review: `provider: azure` passed
+    `providers.deny: [azure]`), or a `base_url` at a hosted provider's model API:
+    policies treat a private backend as the operator's own server, and send it what may
+    never leave them. A server of the operator's own in a cloud (an EC2 or Azure VM, a
+    load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host."""
+    for key, written in (("provider", [provider]), ("provider_model", provider_models)):
+        if any(value is not None for value in written):
+            raise ValueError(
+                f"{key} applies to hosted backends only: policies judge a private backend "
+                f"(kind: {kind}) by its owner and the model names it serves; remove it"
+            )
+    entry = _host_owner(base_url)
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    if entry is None or (
+        (entry.names[0] == "azure" and not is_azure_endpoint_host(host))
+        or (entry.names[0] == "aws" and not _AWS_MODEL_API.search(host))
+    ):
+        return
+    raise ValueError(
+        f"base_url host {host!r} is {entry.names[0]}'s hosted model API, but the backend is "
+        f"a private one (kind: {kind}), which policies treat as the operator's own server "
+        "(sent what may never leave it): declare it kind: hosted with provider: "
+        f"{entry.names[0]} and the provider_model of each model"
+    )

@@ -197,7 +197,7 @@ def test_a_sagemaker_arn_in_another_region_does_not_load_whatever_its_base_url(
         ("eu", "https://vpce-0a1b-c2d3.bedrock-runtime.us-east-1.vpce.amazonaws.com"),
         ("eu-central-1", "https://BEDROCK-RUNTIME.US-EAST-1.AMAZONAWS.COM."),
         ("eu-central-1", "https://bedrock-runtime.us-east-1.api.aws"),  # dual-stack
-        ("eu-central-1", "https://u:p@bedrock-runtime.us-east-1.api.aws.:443/v1"),
+        ("eu-central-1", "https://bedrock-runtime.us-east-1.api.aws.:443/v1"),
         # every Region-shaped label counts, not only the first
         ("eu-central-1", "https://bedrock-runtime.eu-central-1.us-east-1.amazonaws.com"),
     ],

@@ -269,3 +269,17 @@ def test_an_admin_key_change_is_on_disk_once_committed(
     asyncio.run(change.commit())
     assert steps == ["rename", "fsync directory"]
     assert read_keys_file(keys) == {"acme": []}
+
+
+def test_a_tenant_listed_twice_in_the_keys_file_is_a_config_error(tmp_path: Path) -> None:
+    """PyYAML keeps the last copy of a key written twice: a tenant listed twice (two
+    changes merged by hand) lost the digests of its first list unseen, and the next
+    `owngate keys` change rewrote the file without them."""
+    first, second = hash_api_key("og-first"), hash_api_key("og-second")
+    (tmp_path / "keys.yaml").write_text(
+        f"tenants:\n  team:\n    - {first}\n  team:\n    - {second}\n", encoding="utf-8"
+    )
+    with pytest.raises(ConfigError, match=r"keys\.yaml.*line 4.*written twice"):
+        load_config(_config(tmp_path, "keys.yaml"))
+    with pytest.raises(ValueError, match="written twice"):
+        read_keys_file(tmp_path / "keys.yaml")

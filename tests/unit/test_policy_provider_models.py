@@ -171,3 +171,24 @@ def test_a_deny_holds_for_a_provider_model_with_empty_parts(
     assert decision.hosted == (), decision.trace
     (entry,) = decision.trace
     assert (entry.verdict, entry.rule) == ("excluded", "p/models")
+
+
+@pytest.mark.parametrize(
+    "provider_model",
+    [
+        "openai/gpt-4o ",  # a `models.deny: [gpt-4o]` matched `gpt-4o ` not
+        " openai/gpt-4o",
+        "openai/gpt-4\u043e",  # a Cyrillic o
+        "openai/gpt\u200b-4o",  # a zero-width space
+        "openai/gpt-4o%20",  # as percent-decoded (a provider taking it in a URL path)
+        "openai/gpt-4o%E2%80%8B",
+    ],
+)
+def test_a_provider_model_that_only_looks_plain_does_not_load(provider_model: str) -> None:
+    """Policies match the provider model by its letters, as they match names and aliases:
+    one that only looks like `openai/gpt-4o` escaped `deny: [gpt-4o]` unseen."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        hosted(provider_model=provider_model)
+    assert "policies match this name as written" in str(info.value)

@@ -213,3 +213,58 @@ def test_a_route_litellm_sends_over_aiohttp_itself_is_refused(provider: str) -> 
     )
     assert "over aiohttp directly" in message and "limits.max_response_bytes" in message
     assert "use openai/gpt-4o at the same base_url" in message
+
+
+@pytest.mark.parametrize(
+    ("base_url", "host_of"),
+    [
+        # Hosts LiteLLM itself knows as one provider's OpenAI-compatible API
+        # (`litellm.openai_compatible_endpoints`): `openai/...` there was judged as the
+        # declared `openai` while the prompts went to Alibaba Cloud, Sber, Nebius, ...
+        ("https://dashscope.aliyuncs.com/compatible-mode/v1", "dashscope"),
+        ("https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "dashscope"),
+        ("https://gigachat.devices.sberbank.ru/api/v1", "gigachat"),
+        ("https://api.studio.nebius.ai/v1", "nebius"),
+        ("https://API.Moonshot.ai./v1", "moonshot"),
+        ("https://integrate.api.nvidia.com/v1", "nvidia_nim"),
+    ],
+)
+def test_a_base_url_at_a_host_litellm_knows_as_another_provider_is_refused(
+    base_url: str, host_of: str
+) -> None:
+    text = hosted(provider="openai", base_url=base_url, models=model("openai/qwen-max"))
+    message = refused(text)
+    assert f"is {host_of}'s API" in message and "declares provider 'openai'" in message
+
+
+@pytest.mark.parametrize(
+    ("provider", "provider_model", "base_url"),
+    [
+        ("dashscope", "openai/qwen-max", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1"),
+        ("dashscope", "dashscope/qwen-max", "https://dashscope.aliyuncs.com/compatible-mode/v1"),
+        ("nvidia_nim", "nvidia_nim/meta/llama3-8b", "https://integrate.api.nvidia.com/v1"),
+    ],
+)
+def test_a_host_litellm_knows_loads_declared_as_its_own_provider(
+    provider: str, provider_model: str, base_url: str
+) -> None:
+    text = hosted(provider=provider, base_url=base_url, models=model(provider_model))
+    (backend,) = parse_config(text, env={}).backends
+    assert backend.provider == provider
+
+
+def test_every_host_litellm_knows_is_in_the_tables() -> None:
+    """Each host of the installed LiteLLM's `openai_compatible_endpoints` belongs to one
+    provider here, the one LiteLLM routes an unprefixed name at it to (where it names one)."""
+    from urllib.parse import urlsplit
+
+    from gateway.config.provider_routes import _host_owner, _same
+
+    litellm = load_litellm()
+    for endpoint in litellm.openai_compatible_endpoints:
+        url = endpoint if "://" in endpoint else f"https://{endpoint}"
+        owner = _host_owner(url)
+        assert owner is not None, urlsplit(url).hostname
+        routed = litellm.get_llm_provider("some-model", api_base=url)[1]
+        if routed is not None:
+            assert _same(owner.names[0], routed), (url, routed, owner)
