@@ -14,16 +14,17 @@ positions and the API's own names only.
 The proof that no name repeats counts members: each has one colon outside strings, and the
 parsed document holds one per name kept. For a body whose strings `scan_body` walked
 (`BodyScan.colons`: a chat body, a long prompt) the document's objects are counted a level
-at a time from C (`_members`: 4 us for a 100 KB prompt); a small ASCII body, and a body of
-many strings, is re-encoded and the colons of both counted whole (1 us for a 1 KB chat body,
-0.1 ms for 60 KB of 3,000 strings), where a colon in a string is one on both sides unless
-the body escapes it (`\\u003a`). orjson keeps a UTF-8 copy in each non-ASCII string it
-encodes, for as long as the string lives, so a body that may hold one is re-encoded from a
-second parse (0.4 ms for 95 KB of 1,500 messages), whose copies go with it; a colon a
-string escapes (`\\u003a`, after an even run of backslashes) is one more in the
-re-encoding, and is counted. Counts that differ prove a repeat: the exact check (a parse
-keeping every pair, and a walk) says where, for a body of at most 64 KiB; a larger one is
-refused without it (the walk took seconds of the event loop for 7 MB of small objects).
+at a time from C (`_members`: 4 us for a 100 KB prompt; an empty array or object is not
+looked into); a small ASCII body, and a body of many strings, is re-encoded and the colons
+of both counted whole (1 us for a 1 KB chat body, 0.1 ms for 60 KB of 3,000 strings),
+where a colon in a string is one on both sides unless the body escapes it (`\\u003a`).
+orjson keeps a UTF-8 copy in each non-ASCII string it encodes, for as long as the string
+lives, so a body that may hold one is re-encoded from a second parse (0.4 ms for 95 KB of
+1,500 messages), whose copies go with it; a colon a string escapes (`\\u003a`, after an
+even run of backslashes) is one more in the re-encoding, and is counted. Counts that
+differ prove a repeat: the exact check (a parse keeping every pair, and a walk) says
+where, for a body of at most 64 KiB (6 ms); a larger one is refused without it (the walk
+took seconds of the event loop for 7 MB of small objects).
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ _KNOWN: Final = frozenset(
 )  # fmt: skip
 _MAX_PATH: Final = 8  # steps an error names at most
 # `\\u003a` and `\\u003A`: an escape is one where an odd run of backslashes meets the `u`
+# (the pattern starts with its backslash, which the regex engine searches for quickly: a
+# look-behind first tried the pattern at every byte, 0.25 s for 8 MiB)
 _COLON_ESCAPE: Final = b"\\u003"
-_COLON_ESCAPES: Final = re.compile(rb"(?<!\\)(?:\\\\)*\\u003[aA]")
+_ESCAPED_BACKSLASH: Final = b"\\\\u003"  # two backslashes before `u003`: perhaps text
+_COLON_ESCAPES: Final = re.compile(rb"\\(?<!\\\\)(?:\\\\)*u003[aA]")
 # Bytes past which a repeat is refused without saying where (`_first_repeat`).
 _WHERE_MAX_BYTES: Final = 64 * 1024
 # Bytes under which a walked ASCII body is re-encoded to count its members (1 us for 1 KB,
@@ -116,6 +120,8 @@ def _escaped_colons(body: bytes) -> int:
     re-encoding than in the body (a backslash before it escaped by another is text)."""
     if body.find(_COLON_ESCAPE) < 0:
         return 0
+    if body.find(_ESCAPED_BACKSLASH) < 0:  # each `\\u003` is an escape: counted in C
+        return body.count(b"\\u003a") + body.count(b"\\u003A")
     return sum(1 for _ in _COLON_ESCAPES.finditer(body))
 
 
@@ -138,7 +144,8 @@ def _members(doc: Any) -> int:
                 chain(map(dict.values, objects), compress(level, map(_IS_LIST, kinds)))
             )
         )
-        level = list(compress(inner, map(_IS_CONTAINER, map(type, inner))))
+        # an empty one holds nothing (8 MiB of `[]` took 0.7 s, three times the parse)
+        level = list(filter(None, compress(inner, map(_IS_CONTAINER, map(type, inner)))))
     return members
 
 
@@ -146,27 +153,49 @@ def _first_repeat(body: bytes) -> tuple[str, bool, str] | None:
     """(where, whether that path is the object's own, the repeated name) for the first
     object, in document order, that repeats a name; None when none does. Every object
     decodes to the tuple of its pairs (`tuple` is called from C: no Python call per
-    object), walked without recursion; the depth was bounded by the parse before."""
+    object), walked without recursion; the depth was bounded by the parse before. Each
+    node carries the steps to it as a chain (`(step, steps before)`): the path is spelled
+    for the object found only (spelling one per member took 18 ms for 64 KiB)."""
     with no_collection(at_most(body)):
         top = json.loads(body, object_pairs_hook=tuple)
-    stack: list[tuple[str, bool, Any]] = [("", True, top)]
+    stack: list[tuple[Any, Any]] = [(top, None)]
     while stack:
-        path, named, node = stack.pop()
-        if isinstance(node, tuple):
-            counts = Counter(name for name, _ in node)
-            if len(counts) != len(node):
+        node, steps = stack.pop()
+        if type(node) is tuple:
+            if len(dict(node)) != len(node):  # from C: a name repeats
+                counts = Counter(name for name, _ in node)
+                path, named = _spelled(steps)
                 return path, named, next(name for name, count in counts.items() if count > 1)
-            children = [(_step(path, named, name), value) for name, value in node]
-        elif isinstance(node, list):
-            children = [(_index(path, named, i), value) for i, value in enumerate(node)]
+            stack.extend(
+                [(value, (name, steps)) for name, value in reversed(node) if _IS_NODE(type(value))]
+            )
         else:
-            continue
-        stack.extend(
-            (*child, value)
-            for child, value in reversed(children)
-            if isinstance(value, tuple | list)
-        )
+            stack.extend(
+                [
+                    (node[i], (i, steps))
+                    for i in range(len(node) - 1, -1, -1)
+                    if _IS_NODE(type(node[i]))
+                ]
+            )
     return None
+
+
+_IS_NODE: Final = frozenset({tuple, list}).__contains__
+
+
+def _spelled(steps: Any) -> tuple[str, bool]:
+    """The path of a chain of steps (names and indices, the last first), as `_step` and
+    `_index` name it."""
+    chain_: list[str | int] = []
+    while steps is not None:
+        step, steps = steps
+        chain_.append(step)
+    path, named = "", True
+    for step in reversed(chain_):
+        path, named = (
+            _index(path, named, step) if isinstance(step, int) else _step(path, named, step)
+        )
+    return path, named
 
 
 def _step(path: str, named: bool, name: str) -> tuple[str, bool]:

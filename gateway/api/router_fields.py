@@ -30,7 +30,8 @@ recorded decisions; others turn its caching or guardrails (`enable_prompt_cachin
 `disable_global_guardrails`, `opted_out_global_guardrails`, `litellm_disabled_callbacks`).
 The policy admitted the backend, not whatever the router behind it picks from such keys:
 they are refused for a `kind: openai` backend as the hosted rule's fields are (`metadata.
-tags`; before, they reached it as sent). Other `metadata` keys pass, as the API has them.
+tags`; before, they reached it as sent), in a `metadata` of any case (`"Metadata"`: a
+router in Go reads it as `metadata`). Other `metadata` keys pass, as the API has them.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ ROUTER_METADATA: Final = (
 __all__ = ["ROUTER_METADATA", "RouterFields", "private_refusal"]
 
 _ROUTER: Final = "a router that may pass it to a hosted provider"
+_METADATA: Final = "metadata"
 _JUDGED: Final = frozenset({"chat", "completions"})
 # The hosted rule's top-level fields, by their case-folded names (`_refuse_other_cases`).
 _FOLDED: Final = {
@@ -141,17 +143,21 @@ def _refuse_other_cases(doc: Mapping[str, Any]) -> None:
 
 def _refuse_router_metadata(doc: Mapping[str, Any]) -> None:
     """`RefusedField` naming the first non-null `metadata` key a LiteLLM proxy routes,
-    caches or skips its guardrails by (`ROUTER_METADATA`)."""
-    metadata = doc.get("metadata")
-    if not isinstance(metadata, dict):
-        return  # (a `metadata` that is not an object or null is refused for all backends)
-    for key in ROUTER_METADATA:
-        if metadata.get(key) is not None:
-            raise RefusedField(
-                f"metadata.{key}",
-                "a LiteLLM proxy routes, caches or skips its guardrails by it, past the "
-                "backend the policy admitted",
-            )
+    caches or skips its guardrails by (`ROUTER_METADATA`), in a `metadata` of any case: a
+    router in Go reads `"Metadata"` as `metadata` (and passes it on so spelled)."""
+    for name, metadata in doc.items():
+        if len(name) != len(_METADATA) or not isinstance(metadata, dict):
+            continue  # (a `metadata` not an object or null is refused for all backends)
+        if name != _METADATA and name.casefold() != _METADATA:
+            continue
+        for key in ROUTER_METADATA:
+            if metadata.get(key) is not None:
+                raise RefusedField(
+                    f"metadata.{key}",
+                    "a LiteLLM proxy routes, caches or skips its guardrails by it, past the "
+                    "backend the policy admitted"
+                    + ("" if name == _METADATA else " (a router may read the name as `metadata`)"),
+                )
 
 
 def private_refusal(

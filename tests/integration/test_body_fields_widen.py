@@ -223,6 +223,10 @@ ROUTED: list[tuple[dict[str, Any], str]] = [
     ({"metadata": {"inherited_tags": ["eu-deployment"]}}, "metadata.inherited_tags"),
     ({"metadata": {"_routing_request_tags": ["eu"]}}, "metadata._routing_request_tags"),
     ({"metadata": {"disable_global_guardrails": True}}, "metadata.disable_global_guardrails"),
+    # `metadata` in another case: a router in Go reads it as `metadata`, and the last
+    # match over an exact one ahead of it
+    ({"Metadata": {"tags": ["eu-deployment"]}}, "metadata.tags"),
+    ({"metadata": {}, "METADATA": {"deployment": "eu/gpt"}}, "metadata.deployment"),
     # in another case: a router in Go reads it as the marker (named as the marker)
     (
         {"messages": [{"role": "user", "content": "hi", "Cache_Control": {"type": "ephemeral"}}]},
