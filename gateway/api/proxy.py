@@ -59,7 +59,7 @@ from gateway.api.router_fields import RouterFields, private_refusal
 from gateway.api.server_fields import refuse_unreadable_encoding
 from gateway.api.standing import Standing
 from gateway.api.trail import Trail
-from gateway.api.usage_bound import refuse_uncounted_media
+from gateway.api.usage_bound import counted_media
 from gateway.asgi import Receive, Scope, Send
 from gateway.config.schema import RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
@@ -128,7 +128,7 @@ class Proxy:
         tenant = standing.tenant
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc, body)  # a router's and an inference server's own fields
-        refuse_uncounted_media(doc)  # media the token reservation would count as none
+        media_count = counted_media(doc, body)  # once: the reservation's and the bound's
         if exchange.endpoint == "embeddings":
             refuse_unreadable_encoding(doc)  # vLLM's binary answer: no client reads it here
         media = MediaRefs.of(doc, body)  # URLs a private backend would fetch; None: none
@@ -144,16 +144,16 @@ class Proxy:
         exchange.model = model if model in self._registry.routes else UNKNOWN
         if self._trust.stale:  # a worker whose siblings may enforce newer policies
             raise GatewayError(ErrorCode.not_ready, STALE_POLICIES, headers=_RETRY_SOON)
-        if exchange.admission is not None:  # before any backend may see the prompt
-            embeddings = exchange.endpoint == "embeddings"
-            await reserve_tokens(exchange.admission, tenant, doc, len(body), embeddings=embeddings)
+        if (admission := exchange.admission) is not None:  # before a backend sees the prompt
+            embed = exchange.endpoint == "embeddings"
+            await reserve_tokens(admission, tenant, doc, len(body), media_count, embeddings=embed)
         if self.recorder is not None:
             exchange.trail = self.recorder.start(body)
         elif tenant.limits.tokens_per_minute is not None:
             # only to read the usage back
             exchange.trail = Trail(Salts.generate(), "", prompt_bytes=len(body))
         if exchange.trail is not None:
-            exchange.trail.ask = doc  # what bounds the tokens charged (usage_bound.py)
+            exchange.trail.ask, exchange.trail.media = doc, media_count  # its charge's bound
         try:  # one read of the active set: the decision is its
             policy = self._trust.current
             # A model the tenant's `/v1/models` does not list: the 404 of one that does

@@ -20,8 +20,8 @@ comes when that does not fit what is left of the minute's budget:
                        `multimodal_data` (in `prompt`, `input` or `content`), the `image`
                        and `video` of SGLang's embedding input objects and the `input`
                        strings of an Infinity embedding of media (`modality` not text)
-                       (`usage_bound.media_parts`, the parts the usage bound
-                       allows `MEDIA_ALLOWANCE` tokens each)
+                       (`usage_bound.counted_media`, counted once per request,
+                       the parts the usage bound allows `MEDIA_ALLOWANCE` tokens each)
     media allowance  = the tenant's `limits.reserved_tokens_per_media`, by default
                        `MEDIA_RESERVED` (4096: a photo as most vision models tokenize it;
                        a larger image, a long audio clip or a video may use more)
@@ -102,11 +102,14 @@ def tokens_to_reserve(
     per_media: int | None = None,
     embeddings: bool = False,
     fits: int | None = None,
+    media: int | None = None,
 ) -> int:
     """What the request reserves (before it is cut to the budget). Raises `GatewayError`
     (429) when the client's own limit alone exceeds `fits` (by default `per_minute`; a
-    worker's part of it under `serve --workers N` with `state: memory`)."""
-    prompt = prompt_estimate(ask, body_bytes, per_media=per_media or MEDIA_RESERVED)
+    worker's part of it under `serve --workers N` with `state: memory`). `media`: the
+    request's `counted_media` (counted here when None)."""
+    per_media = per_media or MEDIA_RESERVED
+    prompt = prompt_estimate(ask, body_bytes, per_media=per_media, media=media)
     if embeddings:
         return prompt
     choices = answer_choices(ask)
@@ -132,16 +135,20 @@ def tokens_to_reserve(
 _ID_FIELDS: Final = ("prompt", "input", "content")
 
 
-def prompt_estimate(ask: Mapping[str, Any], body_bytes: int, *, per_media: int) -> int:
+def prompt_estimate(
+    ask: Mapping[str, Any], body_bytes: int, *, per_media: int, media: int | None = None
+) -> int:
     """The prompt tokens a request is reserved for: its token ids exactly, `per_media`
-    per media part, and one token per 4 of the body's other bytes."""
+    per media part (`media` of them, counted here when None), and one token per 4 of the
+    body's other bytes."""
     ids = id_bytes = 0
     for field in _ID_FIELDS:
         count, width = _token_ids(ask.get(field))
         ids += count
         id_bytes += width
     text = max(0, body_bytes - id_bytes)
-    return -(-text // 4) + ids + per_media * media_parts(ask)
+    media = media_parts(ask) if media is None else media
+    return -(-text // 4) + ids + per_media * media
 
 
 def _token_ids(prompt: Any) -> tuple[int, int]:
@@ -170,6 +177,7 @@ async def reserve_tokens(
     tenant: TenantEntry,
     ask: Mapping[str, Any],
     body_bytes: int,
+    media: int | None = None,
     *,
     embeddings: bool,
 ) -> None:
@@ -187,6 +195,7 @@ async def reserve_tokens(
         per_media=tenant.reserved_tokens_per_media,
         embeddings=embeddings,
         fits=admission.request_budget,
+        media=media,
     )
     try:
         await admission.reserve(min(tokens, per_minute))

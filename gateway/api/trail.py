@@ -53,6 +53,7 @@ class Trail:
     prompt_bytes: int = 0  # the request body's size, for the token estimate and bound
     # The parsed request, for the bound on the tokens charged (gateway/api/usage_bound.py).
     ask: Mapping[str, Any] | None = None
+    media: int | None = None  # its `counted_media` (None: counted when the bound is)
     sent_bytes: int = 0  # response bytes relayed to the client
     # A backend took the prompt (an attempt sent it and was not refused), whether or not
     # any answer came back: its prompt is charged even when nothing was relayed.
@@ -194,10 +195,10 @@ class Trail:
         if usage is None:
             return None
         answer_bytes = len(self.whole) if self.whole is not None else self.sent_bytes
-        inputs = (usage, self.ask, self.prompt_bytes, answer_bytes)
+        inputs = (usage, self.ask, self.media, self.prompt_bytes, answer_bytes)
         if inputs != self._bound_of:
             self._bound = over_bound(
-                _reported_tokens(usage), self.ask, self.prompt_bytes, answer_bytes
+                _reported_tokens(usage), self.ask, self.prompt_bytes, answer_bytes, self.media
             )
             self._bound_of = inputs
         return self._bound

@@ -7,8 +7,9 @@ tenant is charged the reported usage only up to a bound the request itself justi
     bound = prompt bound + completion bound            (at most 2**53)
     prompt bound     = request body bytes + PROMPT_ALLOWANCE
                        + MEDIA_ALLOWANCE per media item (`media_parts`: a chat
-                         message's non-text parts and `images`, embeddings' media;
-                         a request of more than 4,096 such items is refused)
+                         message's non-text parts and `images`, embeddings' media,
+                         counted once per request; one of more than `MEDIA_MOST`
+                         (65,536) media items is refused, text parts not counted)
     completion bound = answer bytes + choices * COMPLETION_ALLOWANCE
                        or, when the client set a limit every backend reads,
                        answer bytes + choices * limit when that is less
@@ -59,6 +60,7 @@ so (`usage_bound`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from itertools import repeat
 from typing import Any, Final
@@ -69,29 +71,33 @@ from gateway.errors import ErrorCode, GatewayError
 __all__ = [
     "COMPLETION_ALLOWANCE",
     "MEDIA_ALLOWANCE",
+    "MEDIA_MOST",
     "PROMPT_ALLOWANCE",
     "READ_FIELDS",
     "answer_choices",
     "answer_limit",
     "completion_bound",
+    "counted_media",
     "media_parts",
     "over_bound",
     "prompt_bound",
-    "refuse_uncounted_media",
     "tokens_bound",
 ]
 
 PROMPT_ALLOWANCE: Final = 4096  # chat template, default system prompt, special tokens
 MEDIA_ALLOWANCE: Final = 65536  # per image, audio, video or file part
 COMPLETION_ALLOWANCE: Final = 131072  # per choice: tokens that leave no bytes
-# Parts and media items a request may hold (a bound on the walk itself): past it, a body
-# is refused (`refuse_uncounted_media`), since the items past it would count for nothing.
-_MEDIA_COUNTED: Final = 4096
+# Media items a request may hold (`counted_media`): past it, the count stops (a bound on
+# the walk of an SGLang batch of input objects) and the request is refused. Far above any
+# backend's own limit (vLLM's `limit_mm_per_prompt`); text parts never count toward it.
+MEDIA_MOST: Final = 65536
 
 
-def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int) -> int:
-    """The most prompt tokens a request of `body_bytes` bytes justifies."""
-    return body_bytes + PROMPT_ALLOWANCE + MEDIA_ALLOWANCE * media_parts(ask)
+def prompt_bound(ask: Mapping[str, Any] | None, body_bytes: int, media: int | None = None) -> int:
+    """The most prompt tokens a request of `body_bytes` bytes justifies; `media` its
+    `counted_media` when the caller has it (else counted here)."""
+    media = media_parts(ask) if media is None else media
+    return body_bytes + PROMPT_ALLOWANCE + MEDIA_ALLOWANCE * media
 
 
 def completion_bound(ask: Mapping[str, Any] | None, answer_bytes: int) -> int:
@@ -114,22 +120,29 @@ def answer_limit(ask: Mapping[str, Any] | None) -> int | None:
     return _limit(ask)
 
 
-def tokens_bound(ask: Mapping[str, Any] | None, body_bytes: int, answer_bytes: int) -> int:
+def tokens_bound(
+    ask: Mapping[str, Any] | None, body_bytes: int, answer_bytes: int, media: int | None = None
+) -> int:
     """The most tokens (prompt and output) one answer may be charged."""
-    total = prompt_bound(ask, body_bytes) + completion_bound(ask, answer_bytes)
+    total = prompt_bound(ask, body_bytes, media) + completion_bound(ask, answer_bytes)
     return min(total, MAX_SAFE_INTEGER)
 
 
 def over_bound(
-    reported: int, ask: Mapping[str, Any] | None, body_bytes: int, answer_bytes: int
+    reported: int,
+    ask: Mapping[str, Any] | None,
+    body_bytes: int,
+    answer_bytes: int,
+    media: int | None = None,
 ) -> int | None:
-    """`tokens_bound` when `reported` exceeds it, else None. The request's content parts
-    are counted only when the reported tokens exceed the bound without them (rarely: an
-    honest answer stays under it), so the hot path walks no messages."""
+    """`tokens_bound` when `reported` exceeds it, else None. `media`: the request's
+    `counted_media`, counted at ingress; when None, the content parts are counted only
+    when the reported tokens exceed the bound without them (rarely: an honest answer
+    stays under it)."""
     without_media = body_bytes + PROMPT_ALLOWANCE + completion_bound(ask, answer_bytes)
     if reported <= without_media:
         return None
-    bound = tokens_bound(ask, body_bytes, answer_bytes)
+    bound = tokens_bound(ask, body_bytes, answer_bytes, media)
     return bound if reported > bound else None
 
 
@@ -210,54 +223,73 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
     return len(prompt)
 
 
-def media_parts(ask: Mapping[str, Any] | None) -> int:
+def media_parts(ask: Mapping[str, Any] | None, body: bytes | None = None) -> int:
     """Content parts of chat messages that are not text, the items of a message's `images`
     (LiteLLM's and Ollama's images beside the content), media items of llama.cpp prompt
     objects (`{"prompt_string": ..., "multimodal_data": [...]}` as a completion's
     `prompt`, an embedding's `input` or `content`), the `image` and `video` of SGLang's
-    embedding input objects (`[{"text": ..., "image": ...}]`), at most `_MEDIA_COUNTED`
-    looked at; and each string of an embedding's `input` whose `modality` is not text
-    (Infinity fetches and embeds each as an image or audio clip).
+    embedding input objects (`[{"text": ..., "image": ...}]`); and each string of an
+    embedding's `input` whose `modality` is not text (Infinity fetches and embeds each
+    as an image or audio clip). Exact: the walk stops only once it found more than
+    `MEDIA_MOST` (a count past it is refused, `counted_media`). `body`, the bytes `ask`
+    was parsed from: when they hold no name the walk reads (`_no_media`), none, unwalked.
 
     A message's `content` and `images` and a part's `type` are read in any case too, as a
     server in Go reads them (encoding/json matches names without regard to case and keeps
     the last): `{"content": "hi", "Content": [13 images]}` and `{"type": "text", "Type":
     "image_url", ...}` are 13 images and an image to such a server, and were none to the
     reservation and the bound. A part counts when any of its type names is not text."""
-    return _counted(ask)[0]
-
-
-def refuse_uncounted_media(ask: Mapping[str, Any]) -> None:
-    """400 for a request of more than `_MEDIA_COUNTED` content parts and media items:
-    `media_parts` stops there, and media past it were reserved and bounded as none (a
-    request of 5,000 images was reserved 4,096 images' tokens)."""
-    if not _counted(ask)[1]:
-        raise GatewayError(
-            ErrorCode.invalid_request,
-            f"the request holds more than {_MEDIA_COUNTED} content parts and media items "
-            "(its messages' parts and images, its prompts' media): send fewer, in more "
-            "requests",
-        )
-
-
-def _counted(ask: Mapping[str, Any] | None) -> tuple[int, bool]:
-    """(`media_parts`, whether every item was looked at)."""
-    if ask is None:
-        return 0, True
-    found = seen = 0
+    if ask is None or (body is not None and _no_media(body)):
+        return 0
+    found = _modality_inputs(ask)
     for holder, key, every in _media_holders(ask):
         items = holder.get(key)
         if every and items is not None and not isinstance(items, list):
             items = [items]  # one item (SGLang's image or video of an input object)
-        if not isinstance(items, list):
-            continue
-        for item in items:
-            seen += 1
-            if seen > _MEDIA_COUNTED:
-                return found + _modality_inputs(ask), False
-            if every or _media_part(item):
-                found += 1
-    return found + _modality_inputs(ask), True
+        if isinstance(items, list):
+            found += len(items) if every else sum(map(_media_part, items))
+            if found > MEDIA_MOST:
+                break
+    return found
+
+
+def counted_media(ask: Mapping[str, Any], body: bytes) -> int:
+    """`media_parts`, counted once per request (the token reservation and the usage bound
+    are given it); 400 for more than `MEDIA_MOST` media items (text parts not counted)."""
+    found = media_parts(ask, body)
+    if found > MEDIA_MOST:
+        raise GatewayError(
+            ErrorCode.invalid_request,
+            f"the request holds more than {MEDIA_MOST} media items (its messages' image, "
+            "audio, video and file parts and images, its prompts' media): send fewer, in "
+            "more requests",
+        )
+    return found
+
+
+# What `_no_media` looks for in the lowered bytes: the names a media item sits under (a
+# part's `type_` is checked on its own), and a `\u` escape that may spell a letter of one
+# (an ASCII letter or `_`, U+017F or U+212A, which fold to `s` and `k`).
+_MEDIA_NAMES: Final = (b"image", b"video", b"modal")  # `modality`, `multimodal_data`
+_LETTER_ESCAPE: Final = re.compile(rb"\\u(?:00[4-7]|017f|212a)")
+_TEXT_TYPES: Final = (b'"type": "text"', b'"type":"text"')
+
+
+def _no_media(body: bytes) -> bool:
+    """Whether JSON `body` holds no media item `media_parts` counts, read from its bytes
+    in C: none of the names media sit under (`images`, `image`, `video`,
+    `multimodal_data`, `modality`) in any case, no escape that may spell one, and every
+    `type`, in any case, is a `"type": "text"` pair. (A `"` opening an unescaped `"type"`
+    in valid JSON starts a key; one escaped inside a string is a key ending in `"type`;
+    so when each `type` lies in such a pair, every part's type is text.) A body that
+    holds any of them is walked, a chat of tool calls or of the word "image" too."""
+    low = body.lower()
+    if any(name in low for name in _MEDIA_NAMES):
+        return False
+    if b"\\u" in low and _LETTER_ESCAPE.search(low):
+        return False
+    types = low.count(b"type")
+    return types == body.count(_TEXT_TYPES[0]) or types == sum(map(body.count, _TEXT_TYPES))
 
 
 def _modality_inputs(ask: Mapping[str, Any]) -> int:
@@ -283,6 +315,8 @@ def _media_part(item: Any) -> bool:
     if not isinstance(item, dict):
         return False
     kind = item.get("type", "text")
+    if kind == "text" and item.keys() <= _TEXT_PART:
+        return False  # a plain text part: the common case, in C
     if kind != "text" and (kind is not None or any(k not in _TEXT_PART for k in item)):
         return True
     return len(item) > 1 and any(
@@ -318,8 +352,8 @@ def _media_holders(ask: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], str
     `content` (parts, each judged) and `images` (each an image), in any case
     (`_folded`), and each prompt or input object's media (`_PROMPT_MEDIA`, each an item;
     llama.cpp and SGLang read names as written). A generator: `media_parts` stops once
-    it looked at `_MEDIA_COUNTED` items, and the entries past them are never visited (a
-    list of every holder first took four times the body's parse for an 8 MiB batch of
+    it found more than `MEDIA_MOST` items, and the entries past them are never visited
+    (a list of every holder first took four times the body's parse for an 8 MiB batch of
     SGLang input objects)."""
     messages = ask.get("messages")
     if isinstance(messages, list):
@@ -327,11 +361,12 @@ def _media_holders(ask: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], str
             if not isinstance(message, dict):
                 continue
             yield message, "content", False
+            if message.keys() <= _PLAIN:  # a plain role and content: nothing else to read
+                continue
             for key in _folded(message, "content"):
                 yield message, key, False
-            if not message.keys() <= _PLAIN:  # not a plain role and content
-                for key in _named(message, "images"):
-                    yield message, key, True
+            for key in _named(message, "images"):
+                yield message, key, True
     for name in _PROMPT_HOLDERS:
         value = ask.get(name)
         for entry in value if isinstance(value, list) else [value]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import orjson
@@ -313,10 +313,10 @@ def _post(gateway: Gateway, body: bytes, **headers: str) -> httpx.Response:
         (b'{"model": "sim-model", "messages": []}\x00', "invalid_json"),
         (b'{"model": "sim-model", "stream": 1, "messages": []}', None),
         (b'[{"model": "sim-model", "messages": []}]', None),
-        # media past the 4,096 parts the token reservation counts (they counted as none)
+        # more media than any backend takes (usage_bound.MEDIA_MOST): the count stops there
         (
             b'{"model": "sim-model", "messages": [{"role": "user", "content": ['
-            + b",".join([b'{"type": "input_audio", "input_audio": {"data": "AA=="}}'] * 4097)
+            + b",".join([b'{"type": "input_audio", "input_audio": {"data": "AA=="}}'] * 65537)
             + b"]}]}",
             None,
         ),
@@ -330,6 +330,36 @@ def test_hostile_bodies_are_400_and_reach_no_backend(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["code"] == (code or "invalid_request")
     assert sim.app.captured("/v1/chat/completions") == []
+
+
+_TEXT: Final = {"type": "text", "text": "a"}
+
+
+@pytest.mark.parametrize(
+    ("path", "doc"),
+    [
+        # one message of 5,000 text parts; a long agent history of 2 text parts a message
+        ("chat/completions", {"messages": [{"role": "user", "content": [_TEXT] * 5000}]}),
+        ("chat/completions", {"messages": [{"role": "user", "content": [_TEXT] * 2}] * 2100}),
+        # an SGLang embeddings batch of 4,100 image objects: 4,100 media, each counted
+        ("embeddings", {"input": [{"text": "a", "image": "data:image/png;base64,AAAA"}] * 4100}),
+    ],
+)
+def test_long_honest_bodies_are_served(
+    sim_and_gateway: tuple[Sim, Gateway], path: str, doc: dict[str, Any]
+) -> None:
+    # More than 4,096 parts and media items were refused (400) whatever the parts were.
+    sim, gateway = sim_and_gateway
+    model = "sim-model" if path.startswith("chat") else "embed-model"
+    response = httpx.post(
+        f"{gateway.url}/v1/{path}",
+        content=orjson.dumps({"model": model, **doc}),
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=30,
+    )
+    assert len(sim.app.captured(f"/v1/{path}")) == 1, response.text  # the backend had it
+    if path.startswith("chat"):  # (the simulator reads no SGLang input objects)
+        assert response.status_code == 200, response.text
 
 
 def test_a_very_long_model_name_is_a_bounded_404(sim_and_gateway: tuple[Sim, Gateway]) -> None:

@@ -5,19 +5,23 @@ backend reported it and says which bound was charged instead (`usage_bound`)."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import pytest
 
+from gateway.api.reservation import tokens_to_reserve
 from gateway.api.trail import Trail
 from gateway.api.usage_bound import (
     COMPLETION_ALLOWANCE,
     MEDIA_ALLOWANCE,
+    MEDIA_MOST,
     PROMPT_ALLOWANCE,
+    counted_media,
+    media_parts,
     over_bound,
-    refuse_uncounted_media,
     tokens_bound,
 )
 from gateway.canonical import canonical_json
@@ -186,9 +190,11 @@ def test_the_bound_is_computed_once_per_answer_and_again_when_it_changes(
 
     computed: list[int] = []
 
-    def counted(reported: int, ask: Any, body_bytes: int, answer_bytes: int) -> int | None:
+    def counted(
+        reported: int, ask: Any, body_bytes: int, answer_bytes: int, media: int | None
+    ) -> int | None:
         computed.append(answer_bytes)
-        return over_bound(reported, ask, body_bytes, answer_bytes)
+        return over_bound(reported, ask, body_bytes, answer_bytes, media)
 
     monkeypatch.setattr(trail_module, "over_bound", counted)
     trail = Trail(Salts.generate(), "", prompt_bytes=50, ask={"max_tokens": 3})
@@ -386,25 +392,95 @@ class _Walked(list):  # type: ignore[type-arg]
             yield entry
 
 
-def test_the_media_count_stops_walking_a_batch_at_its_bound() -> None:
-    # 8 MiB of SGLang input objects is 300,000 of them: the count looks at the first
-    # `_MEDIA_COUNTED` items and no further (before, every entry was visited first).
-    batch = _Walked([{"text": "a", "image": "b"}] * 50_000)
-    assert tokens_bound({"input": batch}, 100, 0) > 4096 * MEDIA_ALLOWANCE
-    assert batch.reached <= 4097
+def test_the_media_count_stops_walking_a_batch_past_its_bound() -> None:
+    # 8 MiB of SGLang input objects is 300,000 of them: the count stops once it found
+    # more than `MEDIA_MOST` media (refused at ingress), and visits no entry past them.
+    batch = _Walked([{"text": "a", "image": "b"}] * (MEDIA_MOST + 5000))
+    assert tokens_bound({"input": batch}, 100, 0) > MEDIA_MOST * MEDIA_ALLOWANCE
+    assert batch.reached <= MEDIA_MOST + 1
 
 
-def _images(count: int) -> dict[str, Any]:
+def _images(count: int, texts: int = 0) -> dict[str, Any]:
+    text = {"type": "text", "text": "a"}
     part = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
-    return {"messages": [{"role": "user", "content": [part] * count}]}
+    return {"messages": [{"role": "user", "content": [text] * texts + [part] * count}]}
 
 
-def test_media_past_the_count_are_refused_not_counted_as_none() -> None:
-    # 5,000 images were reserved and bounded as 4,096: the rest counted for nothing.
-    refuse_uncounted_media(_images(4096))  # every one counted
+def _counted(doc: dict[str, Any]) -> int:
+    return counted_media(doc, json.dumps(doc).encode())
+
+
+def test_media_past_the_old_walk_bound_are_counted_exactly() -> None:
+    # The walk stopped at the 4,096th part: images past it counted for nothing (then
+    # such a body was refused, honest long chats with it).
+    assert _counted(_images(10, texts=5000)) == 10
+    assert _counted(_images(5000)) == 5000
+    batch = {"input": [{"text": "a", "image": "b"}] * 5000}  # SGLang's embeddings batch
+    assert _counted(batch) == 5000
+    per_media = 10
+    ask = _images(7, texts=4100)
+    assert over_bound(2**40, ask, 100, 0) == tokens_bound(ask, 100, 0)
+    assert (
+        tokens_bound(ask, 100, 0)
+        == 100 + PROMPT_ALLOWANCE + 7 * MEDIA_ALLOWANCE + COMPLETION_ALLOWANCE
+    )
+    body = json.dumps(ask).encode()
+    reserved = tokens_to_reserve(ask, len(body), per_minute=10**6, per_answer=1, per_media=10)
+    assert reserved == -(-len(body) // 4) + 7 * per_media + 1
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _images(0, texts=5000),  # one message of 5,000 text parts
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 2}] * 2100},
+        {"messages": [{"role": "user", "content": [{"text": "a"}] * 70_000}]},
+        {"input": [{"text": "a"}] * 70_000},
+    ],
+)
+def test_text_parts_are_never_refused_however_many(doc: dict[str, Any]) -> None:
+    assert _counted(doc) == 0
+
+
+def test_more_media_than_any_backend_takes_are_refused() -> None:
+    assert _counted(_images(MEDIA_MOST, texts=100)) == MEDIA_MOST
     with pytest.raises(GatewayError) as caught:
-        refuse_uncounted_media(_images(4097))
+        _counted(_images(MEDIA_MOST + 1))
     assert (caught.value.status, caught.value.code.value) == (400, "invalid_request")
-    assert "4096" in caught.value.message
+    assert str(MEDIA_MOST) in caught.value.message
     with pytest.raises(GatewayError):  # an SGLang batch of input objects, the same
-        refuse_uncounted_media({"input": [{"text": "a", "image": "b"}] * 5000})
+        _counted({"input": [{"text": "a", "image": "b"}] * (MEDIA_MOST + 1)})
+
+
+@pytest.mark.parametrize(
+    ("body", "media"),
+    [
+        (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}', 0),
+        (b'{"messages": [{"role":"user","content":[{"type":"text","text":"type"}]}]}', 0),
+        (b'{"messages": [{"role": "user", "content": [{"type": "input_text"}]}]}', 1),
+        (b'{"messages": [{"content": [{"type": "text", "Type": "audio"}]}]}', 1),
+        (b'{"messages": [{"content": [{"type": "text", "\\u0074ype": "x"}]}]}', 1),
+        (b'{"messages": [{"content": [{"\\u0074ype": "input_audio"}]}]}', 1),
+        (b'{"messages": [{"content": [{"type" : "text"}, {"type":"x"}]}]}', 1),
+        (b'{"messages": [{"content": [{"type": null, "url": "a"}]}]}', 1),
+        (b'{"messages": [{"content": [{"text": "\\"type\\": \\"x\\""}]}]}', 0),
+        (b'{"messages": [{"content": "hi", "image\\u017f": ["a", "b"]}]}', 2),
+        ('{"messages": [{"content": "hi", "IMAGE\u017f": ["a"]}]}'.encode(), 1),
+        (b'{"input": ["a", "b"], "modality": "image"}', 2),
+        (b'{"prompt": {"prompt_string": "a", "multimodal_data": ["x"]}}', 1),
+        (b'{"input": [{"text": "a", "video": "v"}]}', 1),
+    ],
+)
+def test_the_byte_scan_skips_a_walk_only_when_it_would_find_none(body: bytes, media: int) -> None:
+    doc = json.loads(body)
+    assert media_parts(doc) == media  # the walk
+    assert media_parts(doc, body) == media  # the bytes first
+
+
+def test_a_count_given_is_not_walked_again() -> None:
+    # The count is made once at ingress (`counted_media`); the bound takes it as given.
+    batch = _Walked([{"text": "a", "image": "b"}] * 10)
+    assert over_bound(2**40, {"input": batch}, 100, 0, media=3) == (
+        100 + PROMPT_ALLOWANCE + 3 * MEDIA_ALLOWANCE + COMPLETION_ALLOWANCE
+    )
+    assert batch.reached == 0
