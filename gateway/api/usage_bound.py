@@ -268,7 +268,7 @@ def counted_media(ask: Mapping[str, Any], body: bytes) -> int:
 
 
 # What `_no_media` looks for in the lowered bytes: the names a media item sits under (a
-# part's `type_` is checked on its own), and a `\u` escape that may spell a letter of one
+# part's `type` is checked on its own), and a `\u` escape that may spell a letter of one
 # (an ASCII letter or `_`, U+017F or U+212A, which fold to `s` and `k`).
 _MEDIA_NAMES: Final = (b"image", b"video", b"modal")  # `modality`, `multimodal_data`
 _LETTER_ESCAPE: Final = re.compile(rb"\\u(?:00[4-7]|017f|212a)")
