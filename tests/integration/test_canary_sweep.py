@@ -8,7 +8,8 @@ control fields that get refused) on chat, completions and embeddings, past a ten
 rate limit, and at the admin listener without its token; so does every string the backends
 answer with (error bodies, header names and values, the reason phrase, a hosted
 provider's `x-request-id`, answer text). Then every output is searched: the gateway's
-stderr and stdout at `logging.level: debug` (structlog, the JSON access log, the stdlib
+stderr and stdout at `logging.level: debug` in each `logging.format` (json and console:
+structlog, the access log, the stdlib
 lines of uvicorn and the HTTP client libraries), its provenance log's files, the spans
 it exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and
 request views, the `owngate attest` sidecar's output and log, the witness's output, and
@@ -143,7 +144,11 @@ spec:
 
 
 def _config(
-    private: RawBackend, hosted: RawBackend, sidecar: Sidecar, witness: tuple[str, str]
+    private: RawBackend,
+    hosted: RawBackend,
+    sidecar: Sidecar,
+    witness: tuple[str, str],
+    log_format: str,
 ) -> dict[str, Any]:
     port, admin_port = free_ports(2)
     # One backend per model: one's failures never open the breaker in front of another.
@@ -166,7 +171,7 @@ def _config(
     ]
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "logging": {"format": "json", "level": "debug", "access_log": True},
+        "logging": {"format": log_format, "level": "debug", "access_log": True},
         "backends": [
             {**b, "owner": "t", **EU} for b in (*private_backends, attested, *hosted_backends)
         ],
@@ -328,8 +333,13 @@ def receiver() -> Iterator[Receiver]:
         yield started
 
 
+# Each log format, and what shows its access log line of a request.
+FORMATS = {"json": b'"event":"request"', "console": b"] request "}
+
+
+@pytest.mark.parametrize("log_format", FORMATS)
 def test_no_client_or_backend_string_reaches_any_output(
-    start_raw: Callable[[Answer], RawBackend], receiver: Receiver, tmp_path: Path
+    start_raw: Callable[[Answer], RawBackend], receiver: Receiver, tmp_path: Path, log_format: str
 ) -> None:
     private, hosted = start_raw(_answer), start_raw(_answer)
     sidecar = start_sidecar(tmp_path / "attest", "sweep-sidecar", start_raw(_answer).url)
@@ -349,7 +359,7 @@ def test_no_client_or_backend_string_reaches_any_output(
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
         "OTEL_BSP_SCHEDULE_DELAY": "600000",  # the spans come in the flush at shutdown
     }
-    config = _config(private, hosted, sidecar, (witness.url, witness_key))
+    config = _config(private, hosted, sidecar, (witness.url, witness_key), log_format)
     gateway = GatewayProcess(config, directory, env=env)
     answers: list[int] = []
     try:
@@ -398,7 +408,7 @@ def test_no_client_or_backend_string_reaches_any_output(
         "witness": witness.log.read_bytes(),
         "audit": b"".join(audit.stdout + audit.stderr for audit in audits),
     }
-    assert b'"event":"request"' in outputs["gateway"] and receiver.bodies  # they are on
+    assert FORMATS[log_format] in outputs["gateway"] and receiver.bodies  # they are on
     assert b'"upstream"' in outputs["gateway"]  # a hosted answer was recorded
     for name, data in outputs.items():
         # any letter case: a label is lowercased before it is judged
