@@ -2,18 +2,19 @@
 around it: no string a client or a backend chose reaches any of them verbatim.
 
 Every client-controlled field of every request carries `CANARY` (path, query, header
-names and values, trace context (traceparent, tracestate, baggage), referer and origin, a
-wrong key, labels, model names known and not, body keys and values, malformed JSON,
-control fields that get refused) on chat, completions and embeddings, past a tenant's
-rate limit, and at the admin listener without its token; so does every string the backends
-answer with (error bodies, header names and values, the reason phrase, a hosted
-provider's `x-request-id`, answer text). Then every output is searched: the gateway's
-stderr and stdout at `logging.level: debug` in each `logging.format` (json and console:
-structlog, the access log, the stdlib
-lines of uvicorn and the HTTP client libraries), its provenance log's files, the spans
-it exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and
-request views, the `owngate attest` sidecar's output and log, the witness's output, and
-what `owngate audit verify` / `show --records` print of the log, and `/readyz` of both
+names and values, trace context (traceparent, tracestate, baggage), referer and origin,
+framing (chunk extensions and trailers, transfer and content codings, expectations, an
+absolute-form target, the HTTP version), a wrong key, labels, model names known and not,
+body keys and values, malformed JSON, control fields that get refused) on chat,
+completions and embeddings, past a tenant's rate limit, and at the admin listener
+without its token; so does every string the backends answer with (error bodies, header
+names and values, the reason phrase, a hosted provider's `x-request-id`, answer text).
+Then every output is searched: the gateway's stderr and stdout at `logging.level: debug`
+in each `logging.format` (json and console: structlog, the access log, the stdlib lines
+of uvicorn and the HTTP client libraries), its provenance log's files, the spans it
+exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and request
+views, the `owngate attest` sidecar's output and log, the witness's output, and what
+`owngate audit verify` / `show --records` print of the log, and `/readyz` of both
 listeners. The heads of the requests the backends receive carry no client header (a
 canary, or a client's trace id: the private ones get the gateway's own `traceparent`,
 the hosted ones none, and none gets `tracestate` or `baggage`). What the clients get
@@ -283,9 +284,28 @@ def _sweep(gateway: GatewayProcess, answers: list[int]) -> None:
         build_request(CANARY.encode(), b"/" + CANARY.encode(), [b"host: x"]),
         build_request(b"POST", b"/", [b"content-length: " + CANARY.encode()]),
         build_request(b"POST", b"/", [b"x-big: " + CANARY.encode() * 4000]),
+        *_framing(),
     ):
         outcome = exchange(gateway.port, raw, half_close=True, timeout_s=15)
         answers.extend(response.status for response in outcome.responses)
+
+
+def _framing() -> Iterator[bytes]:
+    """Requests with a key whose framing carries the canary: a chunk extension and a
+    trailer, a transfer coding, an expectation, a content coding, an absolute-form target
+    and its host, an HTTP version."""
+    canary = CANARY.encode()
+    key = [b"host: x", b"authorization: Bearer " + KEY.encode()]
+    chunked = [*key, b"content-type: application/json", b"transfer-encoding: chunked"]
+    sized = [*key, b"content-type: application/json", b"content-length: 2"]
+    chunks = b"2;" + canary + b"=x\r\n{}\r\n0\r\n" + canary + b": y\r\n\r\n"
+    yield build_request(b"POST", b"/v1/chat/completions", chunked, chunks)
+    yield build_request(b"POST", b"/v1/chat/completions", [*key, b"transfer-encoding: " + canary])
+    for line in (b"expect: " + canary, b"content-encoding: " + canary):
+        yield build_request(b"POST", b"/v1/chat/completions", [*sized, line], b"{}")
+    target = b"http://" + canary + b"/v1/chat/completions"
+    yield build_request(b"POST", target, [b"host: " + canary, *sized[1:]], b"{}")
+    yield build_request(b"POST", b"/v1/chat/completions", sized, b"{}", b"HTTP/" + canary)
 
 
 def _views(admin: str, answers: list[int]) -> list[str]:
@@ -380,7 +400,7 @@ def test_no_client_or_backend_string_reaches_any_output(
         witness.proc.send_signal(signal.SIGTERM)
         witness.proc.wait(timeout=30)
     assert 500 not in answers, answers
-    assert {200, 400, 401, 404, 413, 429, 431, 502, 503} <= set(answers), answers
+    assert {200, 400, 401, 404, 413, 415, 429, 431, 502, 503} <= set(answers), answers
     # No client header reaches a backend, hosted or private (its body is the request's own
     # business): neither a canary nor a trace context of the client's (tracestate, baggage).
     for post in hosted.posts + private.posts:
