@@ -2,15 +2,22 @@
 around it: no string a client or a backend chose reaches any of them verbatim.
 
 Every client-controlled field of every request carries `CANARY` (path, query, header
-names and values, a wrong key, labels, model names known and not, body keys and values,
-malformed JSON, control fields that get refused), and so does every string the backends
-answer with (error bodies, header names and values, the reason phrase, a hosted
-provider's `x-request-id`, answer text). Then every output is searched: the gateway's
-stderr and stdout at `logging.level: debug` (structlog, the JSON access log, the stdlib
-lines of uvicorn and the HTTP client libraries), its provenance log's files, the spans
-it exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and
-request views, the `owngate attest` sidecar's output and log, the witness's output, and
-what `owngate audit verify` / `show --records` print of the log. What the clients get
+names and values, trace context (traceparent, tracestate, baggage), referer and origin,
+framing (chunk extensions and trailers, transfer and content codings, expectations, an
+absolute-form target, the HTTP version), a wrong key, labels, model names known and not,
+body keys and values, malformed JSON, control fields that get refused) on chat,
+completions and embeddings, past a tenant's rate limit, and at the admin listener
+without its token; so does every string the backends answer with (error bodies, header
+names and values, the reason phrase, a hosted provider's `x-request-id`, answer text).
+Then every output is searched: the gateway's stderr and stdout at `logging.level: debug`
+in each `logging.format` (json and console: structlog, the access log, the stdlib lines
+of uvicorn and the HTTP client libraries), its provenance log's files, the spans it
+exports over OTLP, `/metrics`, the admin API's status, tenants, timeline and request
+views, the `owngate attest` sidecar's output and log, the witness's output, and what
+`owngate audit verify` / `show --records` print of the log, and `/readyz` of both
+listeners. The heads of the requests the backends receive carry no client header (a
+canary, or a client's trace id: the private ones get the gateway's own `traceparent`,
+the hosted ones none, and none gets `tracestate` or `baggage`). What the clients get
 back is their own request's business (docs/api.md) and is not searched. The strings of a
 backend the log records by design, a hosted answer's `id` and the `model` a whole one
 names (`upstream.response_id`, `upstream.model`, docs/provenance.md), are kept plain
@@ -50,8 +57,12 @@ pytestmark = LITELLM_WARNINGS
 CANARY = "CANARY7f3a"
 INJECTION = '\n{"forged":1}\x1b[31m\u202e"'  # a line break, an escape, a bidi override, a quote
 KEY = "og-sweep-tenant-key-" + "s" * 24
+SLOW_KEY = "og-sweep-slow-tenant-key-" + "s" * 24  # a tenant of one request a minute: 429
 ADMIN_TOKEN = "og-sweep-admin-token-0123456789"
 EU = {"region": "eu-west-1", "retention": {"days": 0, "zero_data_retention": True}}
+# A valid W3C trace context (the spec's example trace id): the gateway links it, and
+# sends its backends a trace of its own.
+CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 ERRORS = {"e500": 500, "e429": 429, "e400": 400}
 # What every answer of the backends carries in its head: names and values of their own.
 BACKEND_HEAD = (
@@ -134,7 +145,11 @@ spec:
 
 
 def _config(
-    private: RawBackend, hosted: RawBackend, sidecar: Sidecar, witness: tuple[str, str]
+    private: RawBackend,
+    hosted: RawBackend,
+    sidecar: Sidecar,
+    witness: tuple[str, str],
+    log_format: str,
 ) -> dict[str, Any]:
     port, admin_port = free_ports(2)
     # One backend per model: one's failures never open the breaker in front of another.
@@ -157,7 +172,7 @@ def _config(
     ]
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "logging": {"format": "json", "level": "debug", "access_log": True},
+        "logging": {"format": log_format, "level": "debug", "access_log": True},
         "backends": [
             {**b, "owner": "t", **EU} for b in (*private_backends, attested, *hosted_backends)
         ],
@@ -169,7 +184,15 @@ def _config(
             "checkpoint_interval_ms": 50,
             "witnesses": [{"url": witness[0], "vkey": witness[1]}],
         },
-        "tenants": [{"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]}],
+        "tenants": [
+            {"id": "acme", "api_key_hashes": [hash_api_key(KEY)], "models": ["*"]},
+            {
+                "id": "slow",
+                "api_key_hashes": [hash_api_key(SLOW_KEY)],
+                "models": ["ok"],
+                "limits": {"requests_per_minute": 1},
+            },
+        ],
         "admin": {
             "listen": {"host": "127.0.0.1", "port": admin_port},
             "token_hashes": [hash_api_key(ADMIN_TOKEN)],
@@ -187,6 +210,11 @@ def _requests() -> Iterator[tuple[str, dict[str, str], bytes]]:
         "forwarded": f"for={CANARY}",
         "accept": f"application/json, {CANARY}/x",
         "traceparent": f"00-{CANARY}-01",
+        "tracestate": f"vendor={CANARY}",
+        "baggage": f"user.id={CANARY}",
+        "referer": f"https://{CANARY}.example/",
+        "origin": f"https://{CANARY}.example",
+        "x-forwarded-for": CANARY,
         f"x-owngate-{CANARY}": CANARY,
         f"x-{CANARY}": CANARY,
     }
@@ -218,6 +246,16 @@ def _requests() -> Iterator[tuple[str, dict[str, str], bytes]]:
             orjson.dumps({**served, "model": "hosted-ok", "stream": stream}),
         )
     chat = orjson.dumps({**body, "model": "ok"})
+    for target, field in (("/v1/completions", "prompt"), ("/v1/embeddings", "input")):
+        for model in ("ok", "e500", "e400", "hosted-ok", "hosted-e500", "hosted-e400", CANARY):
+            fields = {field: CANARY, "user": CANARY, "metadata": {CANARY: CANARY}}
+            yield target, headers, orjson.dumps({**fields, "model": model})
+    traced = {**headers, "traceparent": f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"}
+    for model in ("ok", "hosted-ok"):
+        yield "/v1/chat/completions", traced, orjson.dumps({**body, "model": model})
+    for _ in range(3):  # past the slow tenant's limit
+        yield "/v1/chat/completions", {**headers, "authorization": f"Bearer {SLOW_KEY}"}, chat
+    yield "/v1/models", headers, b""
     for label in (CANARY + '"},{"forged":1', f"phi, {CANARY}", ""):
         yield "/v1/chat/completions", {**headers, "x-data-class": label}, chat
     yield "/v1/chat/completions", {**headers, "authorization": f"Bearer og-{CANARY}"}, chat
@@ -235,7 +273,7 @@ def _requests() -> Iterator[tuple[str, dict[str, str], bytes]]:
 
 def _sweep(gateway: GatewayProcess, answers: list[int]) -> None:
     for target, headers, body in _requests():
-        method = "GET" if "provenance" in target else "POST"
+        method = "GET" if target.startswith(("/v1/provenance/", "/v1/models")) else "POST"
         url = gateway.url + target
         answers.append(
             httpx.request(method, url, headers=headers, content=body, timeout=30).status_code
@@ -246,21 +284,63 @@ def _sweep(gateway: GatewayProcess, answers: list[int]) -> None:
         build_request(CANARY.encode(), b"/" + CANARY.encode(), [b"host: x"]),
         build_request(b"POST", b"/", [b"content-length: " + CANARY.encode()]),
         build_request(b"POST", b"/", [b"x-big: " + CANARY.encode() * 4000]),
+        *_framing(),
     ):
         outcome = exchange(gateway.port, raw, half_close=True, timeout_s=15)
         answers.extend(response.status for response in outcome.responses)
+
+
+def _framing() -> Iterator[bytes]:
+    """Requests with a key whose framing carries the canary: a chunk extension and a
+    trailer, a transfer coding, an expectation, a content coding, an absolute-form target
+    and its host, an HTTP version."""
+    canary = CANARY.encode()
+    key = [b"host: x", b"authorization: Bearer " + KEY.encode()]
+    chunked = [*key, b"content-type: application/json", b"transfer-encoding: chunked"]
+    sized = [*key, b"content-type: application/json", b"content-length: 2"]
+    chunks = b"2;" + canary + b"=x\r\n{}\r\n0\r\n" + canary + b": y\r\n\r\n"
+    yield build_request(b"POST", b"/v1/chat/completions", chunked, chunks)
+    yield build_request(b"POST", b"/v1/chat/completions", [*key, b"transfer-encoding: " + canary])
+    for line in (b"expect: " + canary, b"content-encoding: " + canary):
+        yield build_request(b"POST", b"/v1/chat/completions", [*sized, line], b"{}")
+    target = b"http://" + canary + b"/v1/chat/completions"
+    yield build_request(b"POST", target, [b"host: " + canary, *sized[1:]], b"{}")
+    yield build_request(b"POST", b"/v1/chat/completions", sized, b"{}", b"HTTP/" + canary)
 
 
 def _views(admin: str, answers: list[int]) -> list[str]:
     """What the admin API shows an operator, a security team and an auditor."""
     headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     paths = ["status", "tenants", "policies", "timeline/backends", "timeline/policies"]
-    paths += ["timeline/log", "log/cosignatures"]
+    paths += ["timeline/log", "log/cosignatures", "whoami", "keys", "log/report"]
     views = []
     for path in paths:
         answer = httpx.get(f"{admin}/admin/v1/{path}", headers=headers, timeout=30)
         assert answer.status_code == 200, (path, answer.text)
         views.append(answer.text)
+    # Whoever reaches the admin listener without the token, or with a canary for one.
+    strangers = (
+        {"authorization": f"Bearer {CANARY}", "user-agent": CANARY, "origin": f"http://{CANARY}"},
+        {"x-forwarded-for": CANARY, "host": CANARY, "referer": CANARY},
+    )
+    for target in (f"/admin/v1/{CANARY}", f"/{CANARY}?{CANARY}=1", "/admin/v1/status"):
+        for stranger in strangers:
+            answers.append(httpx.get(admin + target, headers=stranger, timeout=30).status_code)
+    for target in ("/admin/v1/keys", "/admin/v1/reload"):
+        stranger = {**strangers[0], "content-type": "application/json"}
+        body = orjson.dumps({CANARY: CANARY, "tenant": CANARY})
+        answer = httpx.post(admin + target, headers=stranger, content=body, timeout=30)
+        answers.append(answer.status_code)
+    port = int(admin.rsplit(":", 1)[1])
+    for raw in (
+        build_request(b"POST", b"/admin/v1/keys", [b"x-" + CANARY.encode() + b"\x01: v"]),
+        build_request(CANARY.encode(), b"/" + CANARY.encode(), [b"host: x"]),
+        build_request(b"POST", b"/admin/v1/keys", [b"content-length: " + CANARY.encode()]),
+        build_request(b"GET", b"/admin/v1/status", [b"x-big: " + CANARY.encode() * 4000]),
+    ):
+        outcome = exchange(port, raw, half_close=True, timeout_s=15)
+        answers.extend(response.status for response in outcome.responses)
+    views.append(httpx.get(admin + "/readyz", timeout=30).text)
     log = httpx.get(f"{admin}/admin/v1/log/requests/none", headers=headers, timeout=30)
     views.append(log.text)
     answers.append(log.status_code)
@@ -273,8 +353,13 @@ def receiver() -> Iterator[Receiver]:
         yield started
 
 
+# Each log format, and what shows its access log line of a request.
+FORMATS = {"json": b'"event":"request"', "console": b"] request "}
+
+
+@pytest.mark.parametrize("log_format", FORMATS)
 def test_no_client_or_backend_string_reaches_any_output(
-    start_raw: Callable[[Answer], RawBackend], receiver: Receiver, tmp_path: Path
+    start_raw: Callable[[Answer], RawBackend], receiver: Receiver, tmp_path: Path, log_format: str
 ) -> None:
     private, hosted = start_raw(_answer), start_raw(_answer)
     sidecar = start_sidecar(tmp_path / "attest", "sweep-sidecar", start_raw(_answer).url)
@@ -294,7 +379,7 @@ def test_no_client_or_backend_string_reaches_any_output(
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
         "OTEL_BSP_SCHEDULE_DELAY": "600000",  # the spans come in the flush at shutdown
     }
-    config = _config(private, hosted, sidecar, (witness.url, witness_key))
+    config = _config(private, hosted, sidecar, (witness.url, witness_key), log_format)
     gateway = GatewayProcess(config, directory, env=env)
     answers: list[int] = []
     try:
@@ -307,6 +392,7 @@ def test_no_client_or_backend_string_reaches_any_output(
                 witness.url + target, content=CANARY.encode() + INJECTION.encode(), timeout=10
             )
         metrics = httpx.get(gateway.url + "/metrics", timeout=10).text
+        metrics += httpx.get(gateway.url + "/readyz", timeout=10).text
         views = _views(f"http://127.0.0.1:{config['admin']['listen']['port']}", answers)
     finally:
         assert gateway.stop() == 0, gateway.output()
@@ -314,7 +400,14 @@ def test_no_client_or_backend_string_reaches_any_output(
         witness.proc.send_signal(signal.SIGTERM)
         witness.proc.wait(timeout=30)
     assert 500 not in answers, answers
-    assert {200, 400, 401, 404, 413, 431, 502, 503} <= set(answers), answers
+    assert {200, 400, 401, 404, 413, 415, 429, 431, 502, 503} <= set(answers), answers
+    # No client header reaches a backend, hosted or private (its body is the request's own
+    # business): neither a canary nor a trace context of the client's (tracestate, baggage).
+    for post in hosted.posts + private.posts:
+        head = post.head.lower()
+        assert CANARY.lower().encode() not in head and b"forged" not in head, post.head
+        assert CLIENT_TRACE.encode() not in head, post.head
+        assert b"\nbaggage:" not in head and b"\ntracestate:" not in head, post.head
     audits = [
         subprocess.run(
             owngate_argv("audit", *verb, str(directory / "log")),
@@ -335,7 +428,7 @@ def test_no_client_or_backend_string_reaches_any_output(
         "witness": witness.log.read_bytes(),
         "audit": b"".join(audit.stdout + audit.stderr for audit in audits),
     }
-    assert b'"event":"request"' in outputs["gateway"] and receiver.bodies  # they are on
+    assert FORMATS[log_format] in outputs["gateway"] and receiver.bodies  # they are on
     assert b'"upstream"' in outputs["gateway"]  # a hosted answer was recorded
     for name, data in outputs.items():
         # any letter case: a label is lowercased before it is judged
