@@ -91,40 +91,63 @@ class _Provider(NamedTuple):
     domains: tuple[str, ...]  # its API hosts are these or under them
 
 
-# The API hosts the locked LiteLLM knows as one provider's OpenAI-compatible endpoint
-# (`litellm.openai_compatible_endpoints`, the provider its `get_llm_provider` names for
-# it) and the table below does not cover: `provider: openai` with `openai/qwen-max` at
-# `https://dashscope.aliyuncs.com/...` loaded, judged as OpenAI while its prompts went to
-# Alibaba Cloud. tests/unit/test_provider_routes.py compares them with the installed one.
+# The API hosts the locked LiteLLM knows as one provider's (its
+# `openai_compatible_endpoints`, the default api_base `get_llm_provider` gives a prefix,
+# its JSON-configured OpenAI-like providers) and the table below does not cover:
+# `provider: openai` with `openai/qwen-max` at `https://dashscope.aliyuncs.com/...`
+# loaded, judged as OpenAI while its prompts went to Alibaba Cloud. A line is the
+# provider's name, `+` its other LiteLLM prefixes, then its hosts.
+# tests/unit/test_provider_routes.py compares them with the installed LiteLLM.
 _OWN_HOST_LIST = """
+    abliteration api.abliteration.ai
+    ai21+ai21_chat api.ai21.com
+    aihubmix aihubmix.com
+    aiml api.aimlapi.com
     anyscale api.endpoints.anyscale.com
     apertis api.stima.tech
+    assemblyai llm-gateway.assemblyai.com
+    baseten inference.baseten.co
+    cerebras api.cerebras.ai
+    charity_engine api.charityengine.services
     chutes llm.chutes.ai
     clarifai api.clarifai.com
     cognition api.cognition.ai
     coralbricks inference.coralbricks.ai
     cortecs api.cortecs.ai
-    dashscope dashscope.aliyuncs.com dashscope-intl.aliyuncs.com
+    crusoe api.inference.crusoecloud.com
+    darkbloom api.darkbloom.dev
+    dashscope+qwencloud+qwen_ai_platform dashscope.aliyuncs.com dashscope-intl.aliyuncs.com
+    datarobot app.datarobot.com
     edenai api.edenai.run
+    empiriolabs api.empiriolabs.ai
     empower app.empower.dev
     featherless_ai api.featherless.ai
     friendliai api.friendli.ai
-    galadriel api.galadriel.ai
+    galadriel api.galadriel.ai api.galadriel.com
     gigachat gigachat.devices.sberbank.ru
+    gmi api.gmi-serving.com
+    gradient_ai inference.do-ai.run
     helicone ai-gateway.helicone.ai
     hyperbolic api.hyperbolic.xyz
     inception api.inceptionlabs.ai
+    inferenceapis api.inferenceapis.com
+    jina_ai api.jina.ai
     lambda_ai api.lambda.ai
     libertai api.libertai.io
+    llamagate api.llamagate.dev
+    manus api.manus.im
     modelscope api-inference.modelscope.cn
     moonshot api.moonshot.ai
     morph api.morphllm.com
     nadir api.getnadir.com
     nano-gpt nano-gpt.com
     nebius api.studio.nebius.ai
+    neosantara api.neosantara.xyz
+    novita api.novita.ai
     nscale inference.api.nscale.com
     nvidia_nim integrate.api.nvidia.com
     ollama ollama.com
+    parasail api.parasail.io
     pinstripes pinstripes.io
     poe api.poe.com
     prism api.prisminference.com
@@ -132,14 +155,25 @@ _OWN_HOST_LIST = """
     reka api.reka.ai
     sail api.sailresearch.com
     sambanova api.sambanova.ai
+    sarvam api.sarvam.ai
+    scaleway api.scaleway.ai
     scx-ai api.scx.ai
+    soniox api.soniox.com
     synthetic api.synthetic.new
+    tencent tokenhub-intl.tencentcloudmaas.com
     tensormesh serverless.tensormesh.ai
     v0 api.v0.dev
+    veniceai api.venice.ai
     vercel_ai_gateway ai-gateway.vercel.sh
+    volcengine ark.cn-beijing.volces.com
     wandb api.inference.wandb.ai
+    xiaomi_mimo api.xiaomimimo.com
+    zai api.z.ai
 """
-_OWN_HOSTS: Final = tuple(line.split() for line in _OWN_HOST_LIST.strip().splitlines())
+_OWN_HOSTS: Final = tuple(
+    (names.split("+"), hosts)
+    for names, *hosts in (line.split() for line in _OWN_HOST_LIST.strip().splitlines())
+)
 
 # Providers that own more than one prefix, or whose API hosts are known. A prefix in no
 # entry belongs to the provider of the same name (`groq/` to `provider: groq`).
@@ -155,7 +189,7 @@ _PROVIDERS: Final = (
     _Provider(
         ("aws", "amazon"),
         ("bedrock", "bedrock_mantle", "sagemaker", "sagemaker_chat", "sagemaker_nova"),
-        ("amazonaws.com",),
+        ("amazonaws.com", "amazonaws.com.cn", "api.aws"),  # China's, dual-stack (Mantle's)
     ),
     _Provider(("mistral",), ("mistral", "codestral", "text-completion-codestral"), ("mistral.ai",)),
     _Provider(("cohere",), ("cohere", "cohere_chat"), ("cohere.ai", "cohere.com")),
@@ -168,7 +202,7 @@ _PROVIDERS: Final = (
     _Provider(("perplexity",), ("perplexity",), ("perplexity.ai",)),
     _Provider(("openrouter",), ("openrouter",), ("openrouter.ai",)),
     _Provider(("deepinfra",), ("deepinfra",), ("deepinfra.com",)),
-    *(_Provider((name,), (name,), tuple(hosts)) for name, *hosts in _OWN_HOSTS),
+    *(_Provider((names[0],), tuple(names), tuple(hosts)) for names, hosts in _OWN_HOSTS),
 )
 # Prefixes that name OpenAI's wire format at the `base_url` given, not a provider.
 _AT_BASE_URL: Final = frozenset(

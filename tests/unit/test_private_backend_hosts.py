@@ -40,6 +40,10 @@ def private(kind: str, base_url: str) -> str:
         ("sglang", "https://openrouter.ai/api/v1", "openrouter"),
         ("openai", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "dashscope"),
         ("llamacpp", "https://api.groq.com/openai/v1", "groq"),
+        ("openai", "https://api.cerebras.ai/v1", "cerebras"),
+        ("openai", "https://bedrock-mantle.eu-central-1.api.aws/v1", "aws"),
+        ("openai", "https://bedrock-runtime.eu-central-1.api.aws", "aws"),
+        ("vllm", "https://runtime.sagemaker.cn-north-1.amazonaws.com.cn", "aws"),
     ],
 )
 def test_a_private_backend_at_a_providers_model_api_does_not_load(
@@ -59,6 +63,7 @@ def test_a_private_backend_at_a_providers_model_api_does_not_load(
         "http://10.0.0.11:8000",
         "http://ec2-3-120-1-1.eu-central-1.compute.amazonaws.com:8000",
         "https://internal-llm-123.eu-central-1.elb.amazonaws.com",
+        "http://ec2-52-80-1-1.cn-north-1.compute.amazonaws.com.cn:8000",
         "https://gpu-vm.westeurope.cloudapp.azure.com",
         "https://llm.acme.example/v1",
     ],
