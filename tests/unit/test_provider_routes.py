@@ -305,6 +305,8 @@ def test_every_default_host_of_a_litellm_provider_is_in_the_tables() -> None:
     )
     bases = [(name, name, entry.get("base_url")) for name, entry in configured.items()]
     for prefix in (getattr(p, "value", p) for p in litellm.provider_list):
+        if prefix == "github_copilot":  # its routing starts a device login (network, files)
+            continue
         try:
             routed, api_base = litellm.get_llm_provider(f"{prefix}/some-model")[1::2]
         except Exception:  # noqa: BLE001 - a provider that needs more than a name to route
