@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 from urllib.parse import urlsplit
 
 from gateway.config.azure_endpoints import (
@@ -55,6 +55,9 @@ from gateway.config.azure_endpoints import (
     azure_endpoint_problem,
     is_azure_endpoint_host,
 )
+
+if TYPE_CHECKING:
+    from gateway.config.backend_trust import BackendTLSSettings
 
 __all__ = ["LITELLM_PROVIDERS", "check_private", "check_route", "is_azure", "route_of"]
 
@@ -344,7 +347,11 @@ _AWS_MODEL_API: Final = re.compile(r"(?:^|\.)(?:bedrock[a-z-]*|runtime(?:-fips)?
 
 
 def check_private(
-    kind: str, base_url: str, provider: str | None, provider_models: Iterable[str | None]
+    kind: str,
+    base_url: str,
+    provider: str | None,
+    provider_models: Iterable[str | None],
+    tls: BackendTLSSettings | None = None,
 ) -> None:
     """Raise ValueError when a private backend names a provider: a `provider` or a
     `provider_model` (policies judge a private backend by its owner and the names it
@@ -352,22 +359,32 @@ def check_private(
     `providers.deny: [azure]`), or a `base_url` at a hosted provider's model API:
     policies treat a private backend as the operator's own server, and send it what may
     never leave them. A server of the operator's own in a cloud (an EC2 or Azure VM, a
-    load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host."""
+    load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host.
+    Its `tls.server_name`, the name its TLS checks, is judged the same:
+    `https://10.1.2.3` named `acme.openai.azure.com` is that resource's private endpoint."""
     for key, written in (("provider", [provider]), ("provider_model", provider_models)):
         if any(value is not None for value in written):
             raise ValueError(
                 f"{key} applies to hosted backends only: policies judge a private backend "
                 f"(kind: {kind}) by its owner and the model names it serves; remove it"
             )
-    entry = _host_owner(base_url)
-    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    named = [("base_url host", base_url)]
+    if tls is not None and tls.server_name is not None:
+        named.append(("tls.server_name", f"https://{tls.server_name}"))
+    for what, url in named:
+        _check_private_host(kind, what, url)
+
+
+def _check_private_host(kind: str, what: str, url: str) -> None:
+    entry = _host_owner(url)
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
     if entry is None or (
         (entry.names[0] == "azure" and not is_azure_endpoint_host(host))
         or (entry.names[0] == "aws" and not _AWS_MODEL_API.search(host))
     ):
         return
     raise ValueError(
-        f"base_url host {host!r} is {entry.names[0]}'s hosted model API, but the backend is "
+        f"{what} {host!r} is {entry.names[0]}'s hosted model API, but the backend is "
         f"a private one (kind: {kind}), which policies treat as the operator's own server "
         "(sent what may never leave it): declare it kind: hosted with provider: "
         f"{entry.names[0]} and the provider_model of each model"
