@@ -83,9 +83,9 @@ def read_keys_file(path: Path) -> dict[str, list[str]]:
     twice = _written_twice(text)
     if twice is not None:
         raise ValueError(
-            f"{path}: line {twice}: a key is written twice in one mapping (YAML keeps only "
-            "the last copy: a tenant's first list of digests would be dropped unseen); "
-            "merge the two"
+            f"{path}: line {twice}: a key is written twice in one mapping, or merged into "
+            "one (<<) (YAML keeps only the last copy: a tenant's first list of digests "
+            "would be dropped unseen); write each tenant once"
         )
     data = yaml.safe_load(text) or {}
     tenants = data.get("tenants", {}) if isinstance(data, dict) else None
@@ -118,6 +118,8 @@ def _written_twice(text: str) -> int | None:
         if isinstance(node, yaml.MappingNode):
             seen: set[object] = set()
             for key, value in node.value:
+                if key.tag == "tag:yaml.org,2002:merge":  # `<<: *other`: the last copy wins
+                    return int(key.start_mark.line) + 1  # over its keys unseen; none written
                 written = key.value if isinstance(key, yaml.ScalarNode) else id(key)
                 if written in seen:
                     return int(key.start_mark.line) + 1

@@ -99,8 +99,14 @@ AZURE_FORMS: Final = (
 
 
 def is_azure_endpoint_host(host: str) -> bool:
-    """Whether `host` has one of Azure's inference endpoint forms (`AZURE_FORMS`)."""
-    return _AZURE_HOST.fullmatch(host.rstrip(".")) is not None
+    """Whether `host` has one of Azure's inference endpoint forms (`AZURE_FORMS`), or is
+    under one of their domains at any depth (a resource's Private Link name,
+    `<resource>.privatelink.openai.azure.com`)."""
+    host = host.rstrip(".").lower()
+    suffixes = (*_RESOURCE_SUFFIXES, *_SERVERLESS_SUFFIXES)
+    return _AZURE_HOST.fullmatch(host) is not None or host.endswith(
+        tuple(f".{suffix}" for suffix in suffixes)
+    )
 
 
 def azure_endpoint_problem(url: str, *, any_host: bool = False) -> str | None:

@@ -284,7 +284,7 @@ class BackendSettings(_Strict):
             if self.base_url is None:
                 raise ValueError(f"a {self.kind} backend needs base_url (the server root)")
             written = [m.provider_model for m in self.models]
-            check_private(self.kind, self.base_url, self.provider, written)
+            check_private(self.kind, self.base_url, self.provider, written, self.tls)
         if self.tls is not None or self.identity == "certificate":
             if self.kind not in PRIVATE_KINDS:
                 raise ValueError("tls and identity apply to private backends only")

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 from urllib.parse import urlsplit
 
 from gateway.config.azure_endpoints import (
@@ -55,6 +55,9 @@ from gateway.config.azure_endpoints import (
     azure_endpoint_problem,
     is_azure_endpoint_host,
 )
+
+if TYPE_CHECKING:
+    from gateway.config.backend_trust import BackendTLSSettings
 
 __all__ = ["LITELLM_PROVIDERS", "check_private", "check_route", "is_azure", "route_of"]
 
@@ -91,40 +94,63 @@ class _Provider(NamedTuple):
     domains: tuple[str, ...]  # its API hosts are these or under them
 
 
-# The API hosts the locked LiteLLM knows as one provider's OpenAI-compatible endpoint
-# (`litellm.openai_compatible_endpoints`, the provider its `get_llm_provider` names for
-# it) and the table below does not cover: `provider: openai` with `openai/qwen-max` at
-# `https://dashscope.aliyuncs.com/...` loaded, judged as OpenAI while its prompts went to
-# Alibaba Cloud. tests/unit/test_provider_routes.py compares them with the installed one.
+# The API hosts the locked LiteLLM knows as one provider's (its
+# `openai_compatible_endpoints`, the default api_base `get_llm_provider` gives a prefix,
+# its JSON-configured OpenAI-like providers) and the table below does not cover:
+# `provider: openai` with `openai/qwen-max` at `https://dashscope.aliyuncs.com/...`
+# loaded, judged as OpenAI while its prompts went to Alibaba Cloud. A line is the
+# provider's name, `+` its other LiteLLM prefixes, then its hosts.
+# tests/unit/test_provider_routes.py compares them with the installed LiteLLM.
 _OWN_HOST_LIST = """
+    abliteration api.abliteration.ai
+    ai21+ai21_chat api.ai21.com
+    aihubmix aihubmix.com
+    aiml api.aimlapi.com
     anyscale api.endpoints.anyscale.com
     apertis api.stima.tech
+    assemblyai llm-gateway.assemblyai.com
+    baseten inference.baseten.co
+    cerebras api.cerebras.ai
+    charity_engine api.charityengine.services
     chutes llm.chutes.ai
     clarifai api.clarifai.com
     cognition api.cognition.ai
     coralbricks inference.coralbricks.ai
     cortecs api.cortecs.ai
-    dashscope dashscope.aliyuncs.com dashscope-intl.aliyuncs.com
+    crusoe api.inference.crusoecloud.com
+    darkbloom api.darkbloom.dev
+    dashscope+qwencloud+qwen_ai_platform dashscope.aliyuncs.com dashscope-intl.aliyuncs.com
+    datarobot app.datarobot.com
     edenai api.edenai.run
+    empiriolabs api.empiriolabs.ai
     empower app.empower.dev
     featherless_ai api.featherless.ai
     friendliai api.friendli.ai
-    galadriel api.galadriel.ai
+    galadriel api.galadriel.ai api.galadriel.com
     gigachat gigachat.devices.sberbank.ru
+    gmi api.gmi-serving.com
+    gradient_ai inference.do-ai.run
     helicone ai-gateway.helicone.ai
     hyperbolic api.hyperbolic.xyz
     inception api.inceptionlabs.ai
+    inferenceapis api.inferenceapis.com
+    jina_ai api.jina.ai
     lambda_ai api.lambda.ai
     libertai api.libertai.io
+    llamagate api.llamagate.dev
+    manus api.manus.im
     modelscope api-inference.modelscope.cn
     moonshot api.moonshot.ai
     morph api.morphllm.com
     nadir api.getnadir.com
     nano-gpt nano-gpt.com
     nebius api.studio.nebius.ai
+    neosantara api.neosantara.xyz
+    novita api.novita.ai
     nscale inference.api.nscale.com
     nvidia_nim integrate.api.nvidia.com
     ollama ollama.com
+    parasail api.parasail.io
     pinstripes pinstripes.io
     poe api.poe.com
     prism api.prisminference.com
@@ -132,14 +158,25 @@ _OWN_HOST_LIST = """
     reka api.reka.ai
     sail api.sailresearch.com
     sambanova api.sambanova.ai
+    sarvam api.sarvam.ai
+    scaleway api.scaleway.ai
     scx-ai api.scx.ai
+    soniox api.soniox.com
     synthetic api.synthetic.new
+    tencent tokenhub-intl.tencentcloudmaas.com
     tensormesh serverless.tensormesh.ai
     v0 api.v0.dev
+    veniceai api.venice.ai
     vercel_ai_gateway ai-gateway.vercel.sh
+    volcengine ark.cn-beijing.volces.com
     wandb api.inference.wandb.ai
+    xiaomi_mimo api.xiaomimimo.com
+    zai api.z.ai
 """
-_OWN_HOSTS: Final = tuple(line.split() for line in _OWN_HOST_LIST.strip().splitlines())
+_OWN_HOSTS: Final = tuple(
+    (names.split("+"), hosts)
+    for names, *hosts in (line.split() for line in _OWN_HOST_LIST.strip().splitlines())
+)
 
 # Providers that own more than one prefix, or whose API hosts are known. A prefix in no
 # entry belongs to the provider of the same name (`groq/` to `provider: groq`).
@@ -155,7 +192,7 @@ _PROVIDERS: Final = (
     _Provider(
         ("aws", "amazon"),
         ("bedrock", "bedrock_mantle", "sagemaker", "sagemaker_chat", "sagemaker_nova"),
-        ("amazonaws.com",),
+        ("amazonaws.com", "amazonaws.com.cn", "api.aws"),  # China's, dual-stack (Mantle's)
     ),
     _Provider(("mistral",), ("mistral", "codestral", "text-completion-codestral"), ("mistral.ai",)),
     _Provider(("cohere",), ("cohere", "cohere_chat"), ("cohere.ai", "cohere.com")),
@@ -168,7 +205,7 @@ _PROVIDERS: Final = (
     _Provider(("perplexity",), ("perplexity",), ("perplexity.ai",)),
     _Provider(("openrouter",), ("openrouter",), ("openrouter.ai",)),
     _Provider(("deepinfra",), ("deepinfra",), ("deepinfra.com",)),
-    *(_Provider((name,), (name,), tuple(hosts)) for name, *hosts in _OWN_HOSTS),
+    *(_Provider((names[0],), tuple(names), tuple(hosts)) for names, hosts in _OWN_HOSTS),
 )
 # Prefixes that name OpenAI's wire format at the `base_url` given, not a provider.
 _AT_BASE_URL: Final = frozenset(
@@ -310,7 +347,11 @@ _AWS_MODEL_API: Final = re.compile(r"(?:^|\.)(?:bedrock[a-z-]*|runtime(?:-fips)?
 
 
 def check_private(
-    kind: str, base_url: str, provider: str | None, provider_models: Iterable[str | None]
+    kind: str,
+    base_url: str,
+    provider: str | None,
+    provider_models: Iterable[str | None],
+    tls: BackendTLSSettings | None = None,
 ) -> None:
     """Raise ValueError when a private backend names a provider: a `provider` or a
     `provider_model` (policies judge a private backend by its owner and the names it
@@ -318,22 +359,32 @@ def check_private(
     `providers.deny: [azure]`), or a `base_url` at a hosted provider's model API:
     policies treat a private backend as the operator's own server, and send it what may
     never leave them. A server of the operator's own in a cloud (an EC2 or Azure VM, a
-    load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host."""
+    load balancer: `*.compute.amazonaws.com`, `*.cloudapp.azure.com`) is no such host.
+    Its `tls.server_name`, the name its TLS checks, is judged the same:
+    `https://10.1.2.3` named `acme.openai.azure.com` is that resource's private endpoint."""
     for key, written in (("provider", [provider]), ("provider_model", provider_models)):
         if any(value is not None for value in written):
             raise ValueError(
                 f"{key} applies to hosted backends only: policies judge a private backend "
                 f"(kind: {kind}) by its owner and the model names it serves; remove it"
             )
-    entry = _host_owner(base_url)
-    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    named = [("base_url host", base_url)]
+    if tls is not None and tls.server_name is not None:
+        named.append(("tls.server_name", f"https://{tls.server_name}"))
+    for what, url in named:
+        _check_private_host(kind, what, url)
+
+
+def _check_private_host(kind: str, what: str, url: str) -> None:
+    entry = _host_owner(url)
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
     if entry is None or (
         (entry.names[0] == "azure" and not is_azure_endpoint_host(host))
         or (entry.names[0] == "aws" and not _AWS_MODEL_API.search(host))
     ):
         return
     raise ValueError(
-        f"base_url host {host!r} is {entry.names[0]}'s hosted model API, but the backend is "
+        f"{what} {host!r} is {entry.names[0]}'s hosted model API, but the backend is "
         f"a private one (kind: {kind}), which policies treat as the operator's own server "
         "(sent what may never leave it): declare it kind: hosted with provider: "
         f"{entry.names[0]} and the provider_model of each model"

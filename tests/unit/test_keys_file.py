@@ -283,3 +283,15 @@ def test_a_tenant_listed_twice_in_the_keys_file_is_a_config_error(tmp_path: Path
         load_config(_config(tmp_path, "keys.yaml"))
     with pytest.raises(ValueError, match="written twice"):
         read_keys_file(tmp_path / "keys.yaml")
+
+
+def test_a_tenant_merged_into_the_keys_file_is_a_config_error(tmp_path: Path) -> None:
+    """A merge key (`<<: *listed`) is a tenant written twice too: PyYAML keeps the
+    mapping's own copy over the merged one, so the merged digests were dropped unseen."""
+    first, second = hash_api_key("og-first"), hash_api_key("og-second")
+    (tmp_path / "keys.yaml").write_text(
+        f"old: &old\n  team:\n    - {first}\ntenants:\n  <<: *old\n  team:\n    - {second}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(ValueError, match=r"line 5.*merged into one"):
+        read_keys_file(tmp_path / "keys.yaml")

@@ -40,6 +40,12 @@ def private(kind: str, base_url: str) -> str:
         ("sglang", "https://openrouter.ai/api/v1", "openrouter"),
         ("openai", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1", "dashscope"),
         ("llamacpp", "https://api.groq.com/openai/v1", "groq"),
+        ("openai", "https://api.cerebras.ai/v1", "cerebras"),
+        ("openai", "https://bedrock-mantle.eu-central-1.api.aws/v1", "aws"),
+        ("openai", "https://bedrock-runtime.eu-central-1.api.aws", "aws"),
+        ("vllm", "https://runtime.sagemaker.cn-north-1.amazonaws.com.cn", "aws"),
+        # An Azure resource's Private Link name (its private IP in the VNet)
+        ("openai", "https://acme-eu.privatelink.openai.azure.com/openai/v1", "azure"),
     ],
 )
 def test_a_private_backend_at_a_providers_model_api_does_not_load(
@@ -54,11 +60,34 @@ def test_a_private_backend_at_a_providers_model_api_does_not_load(
 
 
 @pytest.mark.parametrize(
+    ("server_name", "provider"),
+    [
+        ("api.openai.com", "openai"),
+        ("acme-eu.openai.azure.com", "azure"),
+        ("bedrock-runtime.eu-central-1.amazonaws.com", "aws"),
+    ],
+)
+def test_a_private_backend_whose_tls_names_a_providers_model_api_does_not_load(
+    server_name: str, provider: str
+) -> None:
+    """`base_url: https://10.1.2.3` with `tls.server_name: acme-eu.openai.azure.com` is an
+    Azure OpenAI resource's private endpoint (Private Link gives it an address in the
+    operator's network): the name checked is the provider's, so is where prompts go."""
+    backend = yaml.safe_load(private("openai", "https://10.1.2.3/v1"))["backends"][0]
+    backend["tls"] = {"server_name": server_name}
+    with pytest.raises(ConfigError) as info:
+        parse_config(yaml.safe_dump({"backends": [backend]}), env={})
+    (issue,) = info.value.issues
+    assert f"is {provider}'s hosted model API" in issue.message
+
+
+@pytest.mark.parametrize(
     "base_url",
     [
         "http://10.0.0.11:8000",
         "http://ec2-3-120-1-1.eu-central-1.compute.amazonaws.com:8000",
         "https://internal-llm-123.eu-central-1.elb.amazonaws.com",
+        "http://ec2-52-80-1-1.cn-north-1.compute.amazonaws.com.cn:8000",
         "https://gpu-vm.westeurope.cloudapp.azure.com",
         "https://llm.acme.example/v1",
     ],

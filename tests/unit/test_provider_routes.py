@@ -5,6 +5,8 @@ tables are compared with the installed LiteLLM."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -227,12 +229,25 @@ def test_a_route_litellm_sends_over_aiohttp_itself_is_refused(provider: str) -> 
         ("https://api.studio.nebius.ai/v1", "nebius"),
         ("https://API.Moonshot.ai./v1", "moonshot"),
         ("https://integrate.api.nvidia.com/v1", "nvidia_nim"),
+        # Hosts LiteLLM gives as a provider's default api_base (`get_llm_provider`), not
+        # in that list: `openai/...` at Cerebras, Novita, Z.ai, Bedrock Mantle loaded.
+        ("https://api.cerebras.ai/v1", "cerebras"),
+        ("https://api.novita.ai/v3/openai", "novita"),
+        ("https://api.z.ai/api/paas/v4", "zai"),
+        ("https://ark.cn-beijing.volces.com/api/v3", "volcengine"),
+        ("https://api.venice.ai/api/v1", "veniceai"),
+        # AWS's other endpoint domains (dual-stack `api.aws`, China's), its Region declared
+        ("https://bedrock-mantle.us-east-1.api.aws/v1", "aws"),
+        ("https://runtime.sagemaker.cn-north-1.amazonaws.com.cn", "aws"),
     ],
 )
 def test_a_base_url_at_a_host_litellm_knows_as_another_provider_is_refused(
     base_url: str, host_of: str
 ) -> None:
-    text = hosted(provider="openai", base_url=base_url, models=model("openai/qwen-max"))
+    region = next((r for r in ("us-east-1", "cn-north-1") if r in base_url), "westeurope")
+    text = hosted(
+        provider="openai", region=region, base_url=base_url, models=model("openai/qwen-max")
+    )
     message = refused(text)
     assert f"is {host_of}'s API" in message and "declares provider 'openai'" in message
 
@@ -243,12 +258,17 @@ def test_a_base_url_at_a_host_litellm_knows_as_another_provider_is_refused(
         ("dashscope", "openai/qwen-max", "https://dashscope-intl.aliyuncs.com/compatible-mode/v1"),
         ("dashscope", "dashscope/qwen-max", "https://dashscope.aliyuncs.com/compatible-mode/v1"),
         ("nvidia_nim", "nvidia_nim/meta/llama3-8b", "https://integrate.api.nvidia.com/v1"),
+        # LiteLLM's other prefixes for Alibaba's hosts, at their own default host
+        ("qwencloud", "qwencloud/qwen-max", "https://dashscope-intl.aliyuncs.com/api/v1"),
+        ("dashscope", "qwen_ai_platform/qwen-max", "https://dashscope.aliyuncs.com/api/v1"),
+        ("aws", "bedrock_mantle/openai.gpt-oss-120b", "https://bedrock-mantle.us-east-1.api.aws"),
     ],
 )
 def test_a_host_litellm_knows_loads_declared_as_its_own_provider(
     provider: str, provider_model: str, base_url: str
 ) -> None:
-    text = hosted(provider=provider, base_url=base_url, models=model(provider_model))
+    region = "us-east-1" if "us-east-1" in base_url else "westeurope"
+    text = hosted(provider=provider, region=region, base_url=base_url, models=model(provider_model))
     (backend,) = parse_config(text, env={}).backends
     assert backend.provider == provider
 
@@ -268,3 +288,36 @@ def test_every_host_litellm_knows_is_in_the_tables() -> None:
         routed = litellm.get_llm_provider("some-model", api_base=url)[1]
         if routed is not None:
             assert _same(owner.names[0], routed), (url, routed, owner)
+
+
+def test_every_default_host_of_a_litellm_provider_is_in_the_tables() -> None:
+    """Each provider's default API host the installed LiteLLM gives (`get_llm_provider`'s
+    api_base, its JSON-configured OpenAI-like providers too) belongs to that provider
+    here. `github/` goes to Azure's models host, judged as Azure's; loopback defaults
+    (a local server) are no provider's."""
+    from urllib.parse import urlsplit
+
+    from gateway.config.provider_routes import _host_owner, _same
+
+    litellm = load_litellm()
+    configured = json.loads(
+        (Path(str(litellm.__file__)).parent / "llms/openai_like/providers.json").read_text()
+    )
+    bases = [(name, name, entry.get("base_url")) for name, entry in configured.items()]
+    for prefix in (getattr(p, "value", p) for p in litellm.provider_list):
+        if prefix == "github_copilot":  # its routing starts a device login (network, files)
+            continue
+        try:
+            routed, api_base = litellm.get_llm_provider(f"{prefix}/some-model")[1::2]
+        except Exception:  # noqa: BLE001 - a provider that needs more than a name to route
+            continue
+        bases.append((prefix, routed, api_base))
+    missing = []
+    for prefix, routed, api_base in bases:
+        host = urlsplit(str(api_base or "")).hostname
+        if host is None or host in ("localhost", "127.0.0.1") or prefix == "github":
+            continue
+        owner = _host_owner(str(api_base))
+        if owner is None or not _same(owner.names[0], routed):
+            missing.append((prefix, host, owner and owner.names[0]))
+    assert not missing
