@@ -314,9 +314,9 @@ def _media_part(item: Any) -> bool:
     which JSON parsers that keep the last read as none, while Go's encoding/json leaves
     a string field as it was for a `null`: an image to such a server. A part with a key
     naming an image, audio or video (`_PART_MEDIA`) counts whatever its `type`: vLLM
-    reads `{"input_audio": ...}` without a `type`, and `{"type": "text", "uuid": ...,
-    "audio_url": ...}`, as media by that key (before, none: 100 such audio clips were
-    reserved and bounded as text)."""
+    reads `{"input_audio": ...}` without a `type` as media by that key (before, none: 100
+    such audio clips were reserved and bounded as text), and one with a `uuid` whatever
+    its `type` (refused at ingress: server_fields.py)."""
     if not isinstance(item, dict):
         return False
     kind = item.get("type", "text")
@@ -325,7 +325,7 @@ def _media_part(item: Any) -> bool:
     if kind != "text" and (kind is not None or any(k not in _TEXT_PART for k in item)):
         return True
     if any(name in k.lower() for k in item for name in _PART_MEDIA):
-        return True  # vLLM's part without `type`, or with a `uuid`, read by its keys
+        return True  # vLLM's part without `type` (or with a `uuid`), read by its keys
     return len(item) > 1 and any(
         len(k) == 4 and k != "type" and k.casefold() == "type" and v not in ("text", None)
         for k, v in item.items()
@@ -333,9 +333,9 @@ def _media_part(item: Any) -> bool:
 
 
 _TEXT_PART: Final = frozenset(("type", "text"))
-# What names a part's media to vLLM when it has no `type` (or has a `uuid`, whatever its
-# `type`): `image_url`, `image_pil`, `image_embeds`, `audio_url`, `input_audio`,
-# `audio_embeds`, `video_url`; any key holding one of these counts (in any case).
+# What names a part's media to vLLM when it has no `type` (or a `uuid`): `image_url`,
+# `image_pil`, `image_embeds`, `audio_url`, `input_audio`, `audio_embeds`, `video_url`;
+# any key holding one of these counts (in any case).
 _PART_MEDIA: Final = ("image", "audio", "video")
 
 

@@ -19,7 +19,8 @@ from gateway.api.usage_bound import media_parts
 
 URL = {"url": "https://example.com/a"}
 AUDIO = {"data": "AAAA", "format": "wav"}
-# Parts as clients (honest or not) write them; vLLM loads the media of each of these.
+# Parts as clients (honest or not) write them: media to vLLM, a server in Go (names in any
+# case) or a hosted provider.
 MEDIA_PARTS: list[dict[str, Any]] = [
     {"type": "image_url", "image_url": URL},
     {"type": "input_audio", "input_audio": AUDIO},
