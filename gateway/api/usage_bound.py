@@ -270,14 +270,15 @@ def counted_media(ask: Mapping[str, Any], body: bytes) -> int:
 # What `_no_media` looks for in the lowered bytes: the names a media item sits under (a
 # part's `type` is checked on its own), and a `\u` escape that may spell a letter of one
 # (an ASCII letter or `_`, U+017F or U+212A, which fold to `s` and `k`).
-_MEDIA_NAMES: Final = (b"image", b"video", b"modal")  # `modality`, `multimodal_data`
+# `modality`, `multimodal_data`; `audio`: vLLM's `input_audio` part without `type`
+_MEDIA_NAMES: Final = (b"image", b"video", b"audio", b"modal")
 _LETTER_ESCAPE: Final = re.compile(rb"\\u(?:00[4-7]|017f|212a)")
 _TEXT_TYPES: Final = (b'"type": "text"', b'"type":"text"')
 
 
 def _no_media(body: bytes) -> bool:
     """Whether JSON `body` holds no media item `media_parts` counts, read from its bytes
-    in C: none of the names media sit under (`images`, `image`, `video`,
+    in C: none of the names media sit under (`images`, `image`, `video`, `audio`,
     `multimodal_data`, `modality`) in any case, no escape that may spell one, and every
     `type`, in any case, is a `"type": "text"` pair. (A `"` opening an unescaped `"type"`
     in valid JSON starts a key; one escaped inside a string is a key ending in `"type`;
@@ -311,7 +312,11 @@ def _media_part(item: Any) -> bool:
     `type` that is `null` beside a key other than `text` counts too: it may be the last
     copy of a repeated `type` (`{"type": "image_url", "image_url": ..., "type": null}`),
     which JSON parsers that keep the last read as none, while Go's encoding/json leaves
-    a string field as it was for a `null`: an image to such a server."""
+    a string field as it was for a `null`: an image to such a server. A part with a key
+    naming an image, audio or video (`_PART_MEDIA`) counts whatever its `type`: vLLM
+    reads `{"input_audio": ...}` without a `type` as media by that key (before, none: 100
+    such audio clips were reserved and bounded as text), and one with a `uuid` whatever
+    its `type` (refused at ingress: server_fields.py)."""
     if not isinstance(item, dict):
         return False
     kind = item.get("type", "text")
@@ -319,6 +324,8 @@ def _media_part(item: Any) -> bool:
         return False  # a plain text part: the common case, in C
     if kind != "text" and (kind is not None or any(k not in _TEXT_PART for k in item)):
         return True
+    if any(name in k.lower() for k in item for name in _PART_MEDIA):
+        return True  # vLLM's part without `type` (or with a `uuid`), read by its keys
     return len(item) > 1 and any(
         len(k) == 4 and k != "type" and k.casefold() == "type" and v not in ("text", None)
         for k, v in item.items()
@@ -326,6 +333,10 @@ def _media_part(item: Any) -> bool:
 
 
 _TEXT_PART: Final = frozenset(("type", "text"))
+# What names a part's media to vLLM when it has no `type` (or a `uuid`): `image_url`,
+# `image_pil`, `image_embeds`, `audio_url`, `input_audio`, `audio_embeds`, `video_url`;
+# any key holding one of these counts (in any case).
+_PART_MEDIA: Final = ("image", "audio", "video")
 
 
 def _folded(holder: Any, name: str) -> list[str]:

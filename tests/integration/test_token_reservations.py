@@ -208,10 +208,13 @@ def _images(hidden: str | None) -> list[dict[str, Any]]:
     """The request's messages: `IMAGES` image parts, as the API writes them, or in a
     shape only a server in Go reads as images (it matches names in any case, keeping the
     last copy): the parts under `Content` beside a text `content`, or each part typed by
-    an image `Type` only (beside a text `type` it is refused: gateway/api/part_keys.py)."""
+    an image `Type` only (beside a text `type` it is refused: gateway/api/part_keys.py);
+    or in the shape vLLM reads as an image by its key (`untyped`: no `type`)."""
     urls = [{"url": f"https://img.example/{i}.png"} for i in range(IMAGES)]
     if hidden == "Type":
         parts = [{"text": "a", "Type": "image_url", "image_url": u} for u in urls]
+    elif hidden == "untyped":  # vLLM's image part without `type`, read by its key
+        parts = [{"image_url": u} for u in urls]
     else:
         parts = [{"type": "image_url", "image_url": u} for u in urls]
     if hidden == "Content":
@@ -221,7 +224,13 @@ def _images(hidden: str | None) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     ("per_media", "fits", "hidden"),
-    [(None, 1, None), (3000, 2, None), (None, 1, "Content"), (None, 1, "Type")],
+    [
+        (None, 1, None),
+        (3000, 2, None),
+        (None, 1, "Content"),
+        (None, 1, "Type"),
+        (None, 1, "untyped"),
+    ],
 )
 def test_a_burst_of_image_requests_reserves_the_images(
     start_raw: Callable[[Answer], RawBackend],
@@ -234,8 +243,8 @@ def test_a_burst_of_image_requests_reserves_the_images(
     (about 290 tokens) while the images cost 13,000: a burst was admitted as far as
     those fit (the whole burst here; about fifty times the budget with 20 images). Each
     part now reserves `reserved_tokens_per_media`, also where only a server in Go reads
-    it as an image (`hidden`: before, such parts reserved nothing and the whole burst
-    went through)."""
+    it as an image, or vLLM by its key (`hidden`: before, such parts reserved nothing and
+    the whole burst went through)."""
     held = HeldBackend(lambda _post: IMAGES * PER_IMAGE + 10)
     raw = start_raw(held)
     doc = {"model": "m", "max_tokens": 1, "messages": _images(hidden)}
