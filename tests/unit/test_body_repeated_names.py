@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gateway.api import body_names
 from gateway.api.body import parse_body, scan_body
 from gateway.errors import GatewayError
+from tests.helpers.json_texts import json_texts
 
 ASK = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]'
 
@@ -123,19 +124,8 @@ _scalar = st.one_of(
 )
 
 
-def _value(depth: int) -> st.SearchStrategy[str]:
-    if depth == 0:
-        return _scalar
-    return st.one_of(
-        _scalar,
-        st.lists(_value(depth - 1), max_size=3).map(lambda xs: "[" + ",".join(xs) + "]"),
-        _object(depth - 1),
-    )
-
-
 def _object(depth: int) -> st.SearchStrategy[str]:
-    pair = st.tuples(_key, _value(depth)).map(lambda kv: f"{kv[0]} : {kv[1]}")
-    return st.lists(pair, max_size=4).map(lambda ps: "{" + ",".join(ps) + "}")
+    return json_texts(_key, _scalar, depth, max_pairs=4)
 
 
 @given(_object(3), st.booleans(), st.booleans())
