@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gateway.errors import ErrorCode, GatewayError
+from gateway.in_flight import Holdings
 
 __all__ = ["ReadLine"]
 
@@ -64,14 +65,13 @@ class ReadLine:
         self._most_waiting, self._per_owner_waiting = most_waiting, per_owner_waiting
         self._wait_s = wait_s
         self._refusal = refusal
-        self._held: dict[str, int] = {}  # owner -> its reads in flight (none: absent)
-        self._total = 0
+        self._held = Holdings()  # the reads in flight, by owner and in all
         self._lines: dict[str, deque[_Waiter]] = {}  # owner -> its waiting reads, oldest first
         self._waiting = 0
         self._arrivals = itertools.count()
 
     def held(self, owner: str) -> int:
-        return self._held.get(owner, 0)
+        return self._held.of(owner)
 
     def waiting(self, owner: str | None = None) -> int:
         """Reads waiting for a thread: `owner`'s, or everyone's."""
@@ -84,7 +84,7 @@ class ReadLine:
         `GatewayError` (429, retry after 1 s) holding none when the line is full or the
         turn did not come within `wait_s`."""
         if owner not in self._lines and self._free_for(owner):
-            self._hold(owner)
+            self._held.hold(owner)
             return
         if self._waiting >= self._most_waiting:
             raise self._refused("line")
@@ -110,28 +110,19 @@ class ReadLine:
 
     def give_back(self, owner: str) -> None:
         """One read of `owner` is done: its thread goes to the next in line, if any."""
-        self._total -= 1
-        left = self._held[owner] - 1
-        if left:
-            self._held[owner] = left
-        else:
-            del self._held[owner]
+        self._held.give_back(owner)
         self._next_turns()
 
     def _free_for(self, owner: str) -> bool:
-        return self._total < self._most and self._held.get(owner, 0) < self._per_owner
-
-    def _hold(self, owner: str) -> None:
-        self._held[owner] = self._held.get(owner, 0) + 1
-        self._total += 1
+        return self._held.total < self._most and self._held.of(owner) < self._per_owner
 
     def _next_turns(self) -> None:
         """Give free threads to waiting reads: of the tokens below their own bound, the
         one holding fewest reads first, the longest waiting on a tie."""
-        while self._total < self._most:
+        while self._held.total < self._most:
             chosen: tuple[int, int, str] | None = None
             for owner, line in self._lines.items():  # tokens with a read waiting: a few
-                held = self._held.get(owner, 0)
+                held = self._held.of(owner)
                 if held < self._per_owner:
                     rank = (held, line[0].order, owner)
                     if chosen is None or rank < chosen:
@@ -141,7 +132,7 @@ class ReadLine:
             owner = chosen[2]
             waiter = self._lines[owner][0]
             self._leave(owner, waiter)
-            self._hold(owner)
+            self._held.hold(owner)
             waiter.turn.set_result(None)
 
     def _expire(self, owner: str, waiter: _Waiter) -> None:
