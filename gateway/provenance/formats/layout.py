@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.provenance.errors import MalformedError
@@ -78,25 +79,28 @@ def read_log_file(path: Path, limit: int = MAX_NOTE_FILE, *, follow: bool = True
     absent, MalformedError when it is not a regular file (a symlink loop, a socket or a
     device included; a symbolic link when `follow` is false) or is larger, OSError
     otherwise."""
-    try:
+    with _as_log_file(path, limit):
         return read_small_file(path, limit, follow=follow)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        malformed = _malformed(path, limit, exc)
-        if malformed is None:
-            raise
-        raise malformed from exc
 
 
 def open_log_file(path: Path, limit: int, *, follow: bool = True) -> tuple[int, int]:
     """A descriptor open for reading on the log file at `path`, and its size (for a
     reader that streams it); refused as `read_log_file` refuses, the descriptor closed."""
-    try:
+    with _as_log_file(path, limit):
         fd, status = open_regular_file(path, follow=follow)
         if status.st_size > limit:
             os.close(fd)
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return fd, status.st_size
+
+
+@contextmanager
+def _as_log_file(path: Path, limit: int) -> Iterator[None]:
+    """An OSError within, reading the log file at `path`, raised as a MalformedError when
+    it says the file is none a log holds (see `_malformed`); FileNotFoundError and every
+    other OSError pass unchanged."""
+    try:
+        yield
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -104,7 +108,6 @@ def open_log_file(path: Path, limit: int, *, follow: bool = True) -> tuple[int, 
         if malformed is None:
             raise
         raise malformed from exc
-    return fd, status.st_size
 
 
 def _malformed(path: Path, limit: int, exc: OSError) -> MalformedError | None:
