@@ -59,7 +59,14 @@ from gateway.config.azure_endpoints import (
 if TYPE_CHECKING:
     from gateway.config.backend_trust import BackendTLSSettings
 
-__all__ = ["LITELLM_PROVIDERS", "check_private", "check_route", "is_azure", "route_of"]
+__all__ = [
+    "LITELLM_PROVIDERS",
+    "check_private",
+    "check_route",
+    "is_azure",
+    "provider_names",
+    "route_of",
+]
 
 # `litellm.provider_list` of the locked LiteLLM (1.108.7); tests/unit/test_provider_routes.py
 # compares it with the installed one.
@@ -237,6 +244,20 @@ _BARE: Final = (
 def _provider_of(name: str) -> _Provider | None:
     name = name.lower()  # policies match provider names in any case (gateway/policy/rules.py)
     return next((p for p in _PROVIDERS if name in p.names or name in p.prefixes), None)
+
+
+def provider_names(declared: str) -> tuple[str, ...]:
+    """Every name a hosted backend's declared provider goes by: `declared` as written,
+    then the names and LiteLLM prefixes of its `_PROVIDERS` entry (`gemini` is also
+    `google`, `vertex_ai`, `vertex_ai_beta`); just `declared` when no entry knows it.
+    A policy's provider globs match any of them (gateway/policy/rules.py): one company,
+    whichever name the operator wrote, so `providers.deny: [google]` holds for
+    `provider: gemini`."""
+    entry = _provider_of(declared)
+    if entry is None:
+        return (declared,)
+    others = (n for n in (*entry.names, *entry.prefixes) if n != declared.lower())
+    return (declared, *dict.fromkeys(others))
 
 
 def _same(declared: str, owner: str) -> bool:

@@ -247,7 +247,34 @@ def target_matches(target: Target, backend: BackendFacts) -> bool:
     if target.backend is not None:
         return Globs((target.backend,)).first_match(backend.id) is not None
     assert target.provider is not None
-    return Globs((target.provider,)).first_match(backend.provider) is not None
+    return _provider_match(Globs((target.provider,)), backend) is not None
+
+
+def _provider_match(globs: Globs, backend: BackendFacts) -> tuple[str, str] | None:
+    """(the backend's provider name, the pattern) of the first of its provider's names
+    (`BackendFacts.providers`: `gemini` is also `google`) a pattern matches, if any."""
+    for name in backend.providers():
+        pattern = globs.first_match(name)
+        if pattern is not None:
+            return name, pattern
+    return None
+
+
+def _providers_check(rule: str, lists: Lists, backend: BackendFacts) -> Exclusion | None:
+    """`providers` judged on every name of the backend's provider: a deny entry matching
+    any of them excludes it, an allow entry matching any of them admits it."""
+    declared = backend.provider
+    denied = _provider_match(Globs(lists.deny), backend)
+    if denied is not None:
+        name, entry = denied
+        via = "" if name.lower() == declared.lower() else f" ({name})"
+        return Exclusion(rule, f"provider {declared!r}{via} matches providers.deny entry {entry!r}")
+    if lists.allow is not None and _provider_match(Globs(lists.allow), backend) is None:
+        others = [n for n in backend.providers() if n.lower() != declared.lower()]
+        also = f" (also {', '.join(others)})" if others else ""
+        allowed = _quote(lists.allow)
+        return Exclusion(rule, f"provider {declared!r}{also} is not in providers.allow {allowed}")
+    return None
 
 
 def _fallback_check(
@@ -272,9 +299,7 @@ def _static_check(
         if hit is not None:
             return hit, None
     if rules.providers is not None:
-        hit = _list_check(
-            f"{prefix}/providers", "providers", "provider", rules.providers, backend.provider
-        )
+        hit = _providers_check(f"{prefix}/providers", rules.providers, backend)
         if hit is not None:
             return hit, None
     if rules.residency is not None:
