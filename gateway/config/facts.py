@@ -10,7 +10,7 @@ enforces policies against it and records it (see `PolicySet.facts_digest`).
 
 from __future__ import annotations
 
-from gateway.config.provider_routes import provider_names
+from gateway.config.provider_table import provider_names
 from gateway.config.schema import BackendSettings, GatewaySettings
 from gateway.policy.types import BackendFacts
 

@@ -105,12 +105,21 @@ def _quote(items: Sequence[str]) -> str:
     return "[" + ", ".join(items) + "]" if items else "[] (allows nothing)"
 
 
-def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) -> Exclusion | None:
-    denied = Globs(lists.deny).first_match(value)
-    if denied is not None:
-        return Exclusion(rule, f"{what} {value!r} matches {section}.deny entry {denied!r}")
-    if lists.allow is not None and Globs(lists.allow).first_match(value) is None:
-        return Exclusion(rule, f"{what} {value!r} is not in {section}.allow {_quote(lists.allow)}")
+def _list_check(
+    rule: str, section: str, what: str, lists: Lists, names: Sequence[str]
+) -> Exclusion | None:
+    """`lists` judged on every name of a value, `names[0]` as declared (a provider's, by
+    `BackendFacts.providers`): a deny entry matching any excludes, an allow one admits."""
+    value = names[0]
+    for name in names:
+        denied = Globs(lists.deny).first_match(name)
+        if denied is not None:
+            via = "" if name.lower() == value.lower() else f" ({name})"
+            return Exclusion(rule, f"{what} {value!r}{via} matches {section}.deny entry {denied!r}")
+    if lists.allow is not None and all(Globs(lists.allow).first_match(n) is None for n in names):
+        also = f" (also {', '.join(names[1:])})" if names[1:] else ""
+        allowed = _quote(lists.allow)
+        return Exclusion(rule, f"{what} {value!r}{also} is not in {section}.allow {allowed}")
     return None
 
 
@@ -247,34 +256,7 @@ def target_matches(target: Target, backend: BackendFacts) -> bool:
     if target.backend is not None:
         return Globs((target.backend,)).first_match(backend.id) is not None
     assert target.provider is not None
-    return _provider_match(Globs((target.provider,)), backend) is not None
-
-
-def _provider_match(globs: Globs, backend: BackendFacts) -> tuple[str, str] | None:
-    """(the backend's provider name, the pattern) of the first of its provider's names
-    (`BackendFacts.providers`: `gemini` is also `google`) a pattern matches, if any."""
-    for name in backend.providers():
-        pattern = globs.first_match(name)
-        if pattern is not None:
-            return name, pattern
-    return None
-
-
-def _providers_check(rule: str, lists: Lists, backend: BackendFacts) -> Exclusion | None:
-    """`providers` judged on every name of the backend's provider: a deny entry matching
-    any of them excludes it, an allow entry matching any of them admits it."""
-    declared = backend.provider
-    denied = _provider_match(Globs(lists.deny), backend)
-    if denied is not None:
-        name, entry = denied
-        via = "" if name.lower() == declared.lower() else f" ({name})"
-        return Exclusion(rule, f"provider {declared!r}{via} matches providers.deny entry {entry!r}")
-    if lists.allow is not None and _provider_match(Globs(lists.allow), backend) is None:
-        others = [n for n in backend.providers() if n.lower() != declared.lower()]
-        also = f" (also {', '.join(others)})" if others else ""
-        allowed = _quote(lists.allow)
-        return Exclusion(rule, f"provider {declared!r}{also} is not in providers.allow {allowed}")
-    return None
+    return any(Globs((target.provider,)).first_match(n) is not None for n in backend.providers())
 
 
 def _fallback_check(
@@ -295,11 +277,13 @@ def _static_check(
 ) -> tuple[Exclusion | None, int | None]:
     """The first failing section that depends on the backend alone, and its fallback rank."""
     if rules.backends is not None:
-        hit = _list_check(f"{prefix}/backends", "backends", "backend", rules.backends, backend.id)
+        hit = _list_check(f"{prefix}/backends", "backends", "backend", rules.backends, [backend.id])
         if hit is not None:
             return hit, None
     if rules.providers is not None:
-        hit = _providers_check(f"{prefix}/providers", rules.providers, backend)
+        hit = _list_check(
+            f"{prefix}/providers", "providers", "provider", rules.providers, backend.providers()
+        )
         if hit is not None:
             return hit, None
     if rules.residency is not None:

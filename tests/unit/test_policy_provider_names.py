@@ -134,7 +134,7 @@ def test_a_private_backend_is_judged_by_its_owner_as_written() -> None:
 
 
 def test_provider_names_lists_the_entry_declared_first() -> None:
-    from gateway.config.provider_routes import provider_names
+    from gateway.config.provider_table import provider_names
 
     assert provider_names("gemini") == ("gemini", "google", "vertex_ai", "vertex_ai_beta")
     assert provider_names("Google")[:2] == ("Google", "gemini")
