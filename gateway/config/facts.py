@@ -10,6 +10,7 @@ enforces policies against it and records it (see `PolicySet.facts_digest`).
 
 from __future__ import annotations
 
+from gateway.config.provider_table import provider_names
 from gateway.config.schema import BackendSettings, GatewaySettings
 from gateway.policy.types import BackendFacts
 
@@ -18,11 +19,15 @@ __all__ = ["backend_facts", "facts_of"]
 
 def facts_of(backend: BackendSettings) -> BackendFacts:
     private = backend.is_private
+    declared = backend.provider or backend.owner
     return BackendFacts(
         id=backend.id,
         tier="private" if private else "hosted",
         kind=backend.kind,
-        provider=backend.owner if private else (backend.provider or backend.owner),
+        provider=backend.owner if private else declared,
+        # A policy's provider globs match every name of a hosted backend's provider; a
+        # private backend is judged by its owner as written (the operator's own server).
+        provider_names=() if private else provider_names(declared),
         region=backend.region,
         owner=backend.owner,
         retention_days=backend.retention.days,

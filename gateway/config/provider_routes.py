@@ -10,7 +10,8 @@ without importing LiteLLM (the config path never does):
 - a `provider_model` names its LiteLLM provider by its prefix (`azure/...`): the prefix
   must be one LiteLLM knows (`LITELLM_PROVIDERS`, its `provider_list`; any other prefix
   is part of a model name LiteLLM would route by its model lists) and belong to the
-  declared provider: the prefix itself, or one of the prefixes `_PROVIDERS` lists for it
+  declared provider: the prefix itself, or one of the prefixes its entry in
+  gateway/config/provider_table.py lists
   (`azure` owns `azure/`, `azure_ai/` and `azure_text/`; `google` owns `gemini/` and
   `vertex_ai/`);
 - a name without a prefix goes where LiteLLM's model lists say; only the families in
@@ -25,9 +26,9 @@ without importing LiteLLM (the config path never does):
   (gateway/upstream/hosted_bound.py), and such an answer would be read whole, however
   large, its redirects followed (`openai/` at the same `base_url` speaks the same wire
   format);
-- a `base_url` whose host is under a domain `_PROVIDERS` lists (`api.openai.com`,
+- a `base_url` whose host is under a domain that table lists (`api.openai.com`,
   `*.openai.azure.com`, `*.amazonaws.com`, ...), or is an API host LiteLLM itself knows
-  as one provider's (`_OWN_HOSTS`: `dashscope.aliyuncs.com`, `api.studio.nebius.ai`,
+  as one provider's (its `_OWN_HOSTS`: `dashscope.aliyuncs.com`, `api.studio.nebius.ai`,
   ...), must belong to the declared provider. Any other host (an internal proxy, a
   provider neither table knows) is taken as declared.
 
@@ -47,7 +48,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from gateway.config.azure_endpoints import (
@@ -55,6 +56,9 @@ from gateway.config.azure_endpoints import (
     azure_endpoint_problem,
     is_azure_endpoint_host,
 )
+from gateway.config.provider_table import PROVIDERS as _PROVIDERS
+from gateway.config.provider_table import Provider
+from gateway.config.provider_table import provider_of as _provider_of
 
 if TYPE_CHECKING:
     from gateway.config.backend_trust import BackendTLSSettings
@@ -88,125 +92,6 @@ _LITELLM_PROVIDER_LIST = """
 LITELLM_PROVIDERS: Final = frozenset(_LITELLM_PROVIDER_LIST.split())
 
 
-class _Provider(NamedTuple):
-    names: tuple[str, ...]  # what `provider:` may say for it (its prefixes also count)
-    prefixes: tuple[str, ...]  # LiteLLM prefixes that send to it
-    domains: tuple[str, ...]  # its API hosts are these or under them
-
-
-# The API hosts the locked LiteLLM knows as one provider's (its
-# `openai_compatible_endpoints`, the default api_base `get_llm_provider` gives a prefix,
-# its JSON-configured OpenAI-like providers) and the table below does not cover:
-# `provider: openai` with `openai/qwen-max` at `https://dashscope.aliyuncs.com/...`
-# loaded, judged as OpenAI while its prompts went to Alibaba Cloud. A line is the
-# provider's name, `+` its other LiteLLM prefixes, then its hosts.
-# tests/unit/test_provider_routes.py compares them with the installed LiteLLM.
-_OWN_HOST_LIST = """
-    abliteration api.abliteration.ai
-    ai21+ai21_chat api.ai21.com
-    aihubmix aihubmix.com
-    aiml api.aimlapi.com
-    anyscale api.endpoints.anyscale.com
-    apertis api.stima.tech
-    assemblyai llm-gateway.assemblyai.com
-    baseten inference.baseten.co
-    cerebras api.cerebras.ai
-    charity_engine api.charityengine.services
-    chutes llm.chutes.ai
-    clarifai api.clarifai.com
-    cognition api.cognition.ai
-    coralbricks inference.coralbricks.ai
-    cortecs api.cortecs.ai
-    crusoe api.inference.crusoecloud.com
-    darkbloom api.darkbloom.dev
-    dashscope+qwencloud+qwen_ai_platform dashscope.aliyuncs.com dashscope-intl.aliyuncs.com
-    datarobot app.datarobot.com
-    edenai api.edenai.run
-    empiriolabs api.empiriolabs.ai
-    empower app.empower.dev
-    featherless_ai api.featherless.ai
-    friendliai api.friendli.ai
-    galadriel api.galadriel.ai api.galadriel.com
-    gigachat gigachat.devices.sberbank.ru
-    gmi api.gmi-serving.com
-    gradient_ai inference.do-ai.run
-    helicone ai-gateway.helicone.ai
-    hyperbolic api.hyperbolic.xyz
-    inception api.inceptionlabs.ai
-    inferenceapis api.inferenceapis.com
-    jina_ai api.jina.ai
-    lambda_ai api.lambda.ai
-    libertai api.libertai.io
-    llamagate api.llamagate.dev
-    manus api.manus.im
-    modelscope api-inference.modelscope.cn
-    moonshot api.moonshot.ai
-    morph api.morphllm.com
-    nadir api.getnadir.com
-    nano-gpt nano-gpt.com
-    nebius api.studio.nebius.ai
-    neosantara api.neosantara.xyz
-    novita api.novita.ai
-    nscale inference.api.nscale.com
-    nvidia_nim integrate.api.nvidia.com
-    ollama ollama.com
-    parasail api.parasail.io
-    pinstripes pinstripes.io
-    poe api.poe.com
-    prism api.prisminference.com
-    publicai api.publicai.co
-    reka api.reka.ai
-    sail api.sailresearch.com
-    sambanova api.sambanova.ai
-    sarvam api.sarvam.ai
-    scaleway api.scaleway.ai
-    scx-ai api.scx.ai
-    soniox api.soniox.com
-    synthetic api.synthetic.new
-    tencent tokenhub-intl.tencentcloudmaas.com
-    tensormesh serverless.tensormesh.ai
-    v0 api.v0.dev
-    veniceai api.venice.ai
-    vercel_ai_gateway ai-gateway.vercel.sh
-    volcengine ark.cn-beijing.volces.com
-    wandb api.inference.wandb.ai
-    xiaomi_mimo api.xiaomimimo.com
-    zai api.z.ai
-"""
-_OWN_HOSTS: Final = tuple(
-    (names.split("+"), hosts)
-    for names, *hosts in (line.split() for line in _OWN_HOST_LIST.strip().splitlines())
-)
-
-# Providers that own more than one prefix, or whose API hosts are known. A prefix in no
-# entry belongs to the provider of the same name (`groq/` to `provider: groq`).
-_PROVIDERS: Final = (
-    _Provider(("openai",), ("openai", "text-completion-openai", "chatgpt"), ("openai.com",)),
-    _Provider(
-        ("azure", "microsoft"),
-        ("azure", "azure_ai", "azure_text", "azure_speech"),
-        ("azure.com", "azure.us", "azure.cn", "azure-api.net", "windows.net"),
-    ),
-    _Provider(("anthropic",), ("anthropic", "anthropic_text"), ("anthropic.com",)),
-    _Provider(("google",), ("gemini", "vertex_ai", "vertex_ai_beta"), ("googleapis.com",)),
-    _Provider(
-        ("aws", "amazon"),
-        ("bedrock", "bedrock_mantle", "sagemaker", "sagemaker_chat", "sagemaker_nova"),
-        ("amazonaws.com", "amazonaws.com.cn", "api.aws"),  # China's, dual-stack (Mantle's)
-    ),
-    _Provider(("mistral",), ("mistral", "codestral", "text-completion-codestral"), ("mistral.ai",)),
-    _Provider(("cohere",), ("cohere", "cohere_chat"), ("cohere.ai", "cohere.com")),
-    _Provider(("meta",), ("meta", "meta_llama"), ("llama.com", "api.meta.ai")),
-    _Provider(("together",), ("together_ai",), ("together.ai", "together.xyz")),
-    _Provider(("fireworks",), ("fireworks_ai",), ("fireworks.ai",)),
-    _Provider(("groq",), ("groq",), ("groq.com",)),
-    _Provider(("deepseek",), ("deepseek",), ("deepseek.com",)),
-    _Provider(("xai",), ("xai",), ("x.ai",)),
-    _Provider(("perplexity",), ("perplexity",), ("perplexity.ai",)),
-    _Provider(("openrouter",), ("openrouter",), ("openrouter.ai",)),
-    _Provider(("deepinfra",), ("deepinfra",), ("deepinfra.com",)),
-    *(_Provider((names[0],), tuple(names), tuple(hosts)) for names, hosts in _OWN_HOSTS),
-)
 # Prefixes that name OpenAI's wire format at the `base_url` given, not a provider.
 _AT_BASE_URL: Final = frozenset(
     {
@@ -234,11 +119,6 @@ _BARE: Final = (
 )
 
 
-def _provider_of(name: str) -> _Provider | None:
-    name = name.lower()  # policies match provider names in any case (gateway/policy/rules.py)
-    return next((p for p in _PROVIDERS if name in p.names or name in p.prefixes), None)
-
-
 def _same(declared: str, owner: str) -> bool:
     """Whether `declared` names the provider `owner` (a name or prefix) stands for, in
     any case, as policies compare provider names."""
@@ -258,7 +138,7 @@ def route_of(provider_model: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def _host_owner(base_url: str) -> _Provider | None:
+def _host_owner(base_url: str) -> Provider | None:
     host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
     for entry in _PROVIDERS:
         if any(host == d or host.endswith(f".{d}") for d in entry.domains):

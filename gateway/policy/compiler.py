@@ -232,6 +232,13 @@ def _facts(backend: BackendFacts) -> dict[str, Any]:
             if backend.provider_models
             else {}
         ),
+        # The names a policy's provider globs match (`gemini` is also `google`): the
+        # digest pins what the provider table made of the declared one.
+        **(
+            {"provider_names": list(backend.provider_names)}
+            if len(backend.provider_names) > 1
+            else {}
+        ),
         # A region declared by a code is decided by what the code stands for (a deny
         # covering any part of it holds): the digest pins that too. Only such backends'
         # facts (and digest) differ from before.

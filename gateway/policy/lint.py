@@ -131,7 +131,7 @@ def _entries(path: YamlPath, rules: Sections, backends: Sequence[BackendFacts], 
                     )
     fields: dict[str, Callable[[BackendFacts], Iterable[str]]] = {
         "backends": lambda b: (b.id,),
-        "providers": lambda b: (b.provider,),
+        "providers": lambda b: b.providers(),
         "models": lambda b: b.models,
     }
     for section, values_of in fields.items():

@@ -105,12 +105,21 @@ def _quote(items: Sequence[str]) -> str:
     return "[" + ", ".join(items) + "]" if items else "[] (allows nothing)"
 
 
-def _list_check(rule: str, section: str, what: str, lists: Lists, value: str) -> Exclusion | None:
-    denied = Globs(lists.deny).first_match(value)
-    if denied is not None:
-        return Exclusion(rule, f"{what} {value!r} matches {section}.deny entry {denied!r}")
-    if lists.allow is not None and Globs(lists.allow).first_match(value) is None:
-        return Exclusion(rule, f"{what} {value!r} is not in {section}.allow {_quote(lists.allow)}")
+def _list_check(
+    rule: str, section: str, what: str, lists: Lists, names: Sequence[str]
+) -> Exclusion | None:
+    """`lists` judged on every name of a value, `names[0]` as declared (a provider's, by
+    `BackendFacts.providers`): a deny entry matching any excludes, an allow one admits."""
+    value = names[0]
+    for name in names:
+        denied = Globs(lists.deny).first_match(name)
+        if denied is not None:
+            via = "" if name.lower() == value.lower() else f" ({name})"
+            return Exclusion(rule, f"{what} {value!r}{via} matches {section}.deny entry {denied!r}")
+    if lists.allow is not None and all(Globs(lists.allow).first_match(n) is None for n in names):
+        also = f" (also {', '.join(names[1:])})" if names[1:] else ""
+        allowed = _quote(lists.allow)
+        return Exclusion(rule, f"{what} {value!r}{also} is not in {section}.allow {allowed}")
     return None
 
 
@@ -247,7 +256,7 @@ def target_matches(target: Target, backend: BackendFacts) -> bool:
     if target.backend is not None:
         return Globs((target.backend,)).first_match(backend.id) is not None
     assert target.provider is not None
-    return Globs((target.provider,)).first_match(backend.provider) is not None
+    return any(Globs((target.provider,)).first_match(n) is not None for n in backend.providers())
 
 
 def _fallback_check(
@@ -268,12 +277,12 @@ def _static_check(
 ) -> tuple[Exclusion | None, int | None]:
     """The first failing section that depends on the backend alone, and its fallback rank."""
     if rules.backends is not None:
-        hit = _list_check(f"{prefix}/backends", "backends", "backend", rules.backends, backend.id)
+        hit = _list_check(f"{prefix}/backends", "backends", "backend", rules.backends, [backend.id])
         if hit is not None:
             return hit, None
     if rules.providers is not None:
         hit = _list_check(
-            f"{prefix}/providers", "providers", "provider", rules.providers, backend.provider
+            f"{prefix}/providers", "providers", "provider", rules.providers, backend.providers()
         )
         if hit is not None:
             return hit, None

@@ -55,6 +55,15 @@ class BackendFacts:
     # region, owner and retention were checked against the backend's certificate on each
     # connection (`identity: certificate`), not only declared: `require: [attested_facts]`
     attested: bool = False
+    # Every name a hosted backend's provider goes by, `provider` first (`gemini`,
+    # `google`, `vertex_ai`, ...: gateway/config/provider_routes.py's table, filled in by
+    # gateway/config/facts.py); empty: `provider` alone (a private backend's owner).
+    provider_names: tuple[str, ...] = ()
+
+    def providers(self) -> tuple[str, ...]:
+        """The names a policy's provider globs are matched against: any one matching
+        is a match (`providers.deny: [google]` holds for `provider: gemini`)."""
+        return self.provider_names or (self.provider,)
 
     def names_of(self, model: str) -> frozenset[str]:
         """Every name the backend serves `model` under (the name itself at least)."""
