@@ -1,15 +1,16 @@
 """Secrets never reach an output: a real `owngate serve` at `debug`, every output on,
 holding a canary for each secret it keeps (the hosted providers' keys, AWS credentials
 (access key id, secret key, session token: botocore signs the Bedrock calls), a private
-backend's key, a password in a hosted `base_url`, the Redis password, the OTLP
+backend's key, the Redis password, the OTLP
 exporter's auth header, the tenant's key, the admin token, the log's signing key),
 driven into every failure that might repeat one: providers answering 401/403/400/500
 with a body that echoes the request's headers and path (the key, `?key=`), a hosted
-`base_url` with userinfo that refuses, does not resolve or fails TLS, a "Redis" that
+`base_url` that refuses, does not resolve or fails TLS, a "Redis" that
 answers every command with an error quoting it, an OTLP endpoint that answers 401
 echoing its request. Then the client's answers (bodies and headers), stdout/stderr,
 the provenance log's files, `/metrics` and the admin API's views are searched for
-every canary, in any letter case.
+every canary, in any letter case. (A password in a `base_url`'s userinfo is refused at
+load, naming the host only: tests/unit/test_base_url_userinfo.py.)
 """
 
 from __future__ import annotations
@@ -126,7 +127,6 @@ def _hosted(id: str, url: str, provider: str, model: str, key_env: str | None) -
 
 def _backends(echo: RawBackend, private: RawBackend) -> list[dict[str, Any]]:
     closed = free_port()
-    userinfo = f"user:{SECRETS['HOST_PASSWORD']}"
     hosted = []
     for status in STATUSES:
         root = f"{echo.url}/s{status}"
@@ -138,13 +138,13 @@ def _backends(echo: RawBackend, private: RawBackend) -> list[dict[str, Any]]:
             _hosted(f"bedrock-{status}", root, "aws", BEDROCK_MODEL, None),
         ]
     bases = {
-        "refused": f"http://{userinfo}@127.0.0.1:{closed}/v1",
-        "unresolved": f"http://{userinfo}@owngate-no-such-host.invalid/v1",
-        "tls": f"https://{userinfo}@127.0.0.1:{echo.port}/v1",
-        "echo": f"http://{userinfo}@127.0.0.1:{echo.port}/s500/v1",
+        "refused": f"http://127.0.0.1:{closed}/v1",
+        "unresolved": "http://owngate-no-such-host.invalid/v1",
+        "tls": f"https://127.0.0.1:{echo.port}/v1",
+        "echo": f"http://127.0.0.1:{echo.port}/s500/v1",
     }
     hosted += [
-        _hosted(f"userinfo-{n}", url, "openai", "openai/m", "OPENAI_KEY")
+        _hosted(f"unreached-{n}", url, "openai", "openai/m", "OPENAI_KEY")
         for n, url in bases.items()
     ]
     private_backend = {
