@@ -115,11 +115,11 @@ class Inference:
             await self._finish(send, self._embedding(request), die)
             return
         ids = self._text.token_ids(request.prompt, request.max_tokens)
-        self._engine.record_instant(request.prompt_tokens, len(ids) * request.n)
+        self._engine.record_instant(request.prompt_tokens, len(ids) * request.choices)
         if not request.stream:
             await self._finish(send, self._completion(request, ids), die)
             return
-        if request.n > 1:
+        if request.choices > 1:
             await self._instant_choices(request, die, send, receive)
             return
         encoder = ChunkEncoder(request, self._new_id(request), int(self._wall_time()))
@@ -153,15 +153,14 @@ class Inference:
     async def _instant_choices(
         self, request: Completion, die: bool, send: Send, receive: Receive
     ) -> None:
-        """A zero-latency stream of `n` > 1 choices, interleaved as vLLM sends them: each
-        write (a step) holds one token of every choice, each chunk with its choice's index;
-        then every choice's finish chunk, and one usage chunk and `[DONE]`."""
+        """A zero-latency stream of several choices (`n` > 1 or several prompts), interleaved
+        as vLLM sends them: each write (a step) holds one token of every choice, each chunk
+        with its choice's index; then every choice's finish chunk, and one usage chunk and
+        `[DONE]`."""
         response_id, created = self._new_id(request), int(self._wall_time())
-        encoders = [ChunkEncoder(request, response_id, created, i) for i in range(request.n)]
+        encoders = [ChunkEncoder(request, response_id, created, i) for i in range(request.choices)]
         tokens = self._text.json_tokens
-        per_choice = [
-            self._text.token_ids(request.prompt, request.max_tokens, i) for i in range(request.n)
-        ]
+        per_choice = [self._choice_ids(request, i) for i in range(request.choices)]
         columns = [
             [enc.token(tokens[i]) for i in ids]
             for enc, ids in zip(encoders, per_choice, strict=True)
@@ -234,9 +233,10 @@ class Inference:
         if request.endpoint == "chat" and self._control.prefix_cache_tokens > 0:
             chain = prompt_chain(request.prompt)
         # One sequence per choice, as vLLM schedules the `n` samples of a request: each
-        # holds a slot and its KV, and they all count in the queue and token metrics.
-        submit = self._engine.submit
-        seqs = [submit(request.prompt_tokens, request.max_tokens, chain) for _ in range(request.n)]
+        # holds a slot and its KV, and they all count in the queue and token metrics; a
+        # choice of a list of prompts prefills its own prompt's tokens.
+        submit, source = self._engine.submit, request.source
+        seqs = [submit(source(i)[2], request.max_tokens, chain) for i in range(request.choices)]
         try:
             if request.stream:
                 await self._stream_timed(request, seqs, die, send)
@@ -270,9 +270,7 @@ class Inference:
         response_id, created = self._new_id(request), int(self._wall_time())
         encoders = [ChunkEncoder(request, response_id, created, i) for i in range(len(seqs))]
         tokens = self._text.json_tokens
-        per_choice = [
-            self._text.token_ids(request.prompt, request.max_tokens, i) for i in range(len(seqs))
-        ]
+        per_choice = [self._choice_ids(request, i) for i in range(len(seqs))]
         cut = min(_CHUNKS_BEFORE_DYING, request.max_tokens - 1) if die else request.max_tokens
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         pending = b"".join(
@@ -318,12 +316,17 @@ class Inference:
         return f"{prefix}{self._id_prefix}{next(self._ids):010x}"
 
     def _completion(self, request: Completion, ids: list[int]) -> bytes:
-        """The whole answer: choice 0 of `ids`, choices 1 to n-1 of their own tokens."""
+        """The whole answer: choice 0 of `ids`, the others of their own tokens."""
         text = self._text
         texts = [text.text(ids)]
-        for choice in range(1, request.n):
-            texts.append(text.text(text.token_ids(request.prompt, request.max_tokens, choice)))
+        for choice in range(1, request.choices):
+            texts.append(text.text(self._choice_ids(request, choice)))
         return completion_body(request, self._new_id(request), int(self._wall_time()), texts)
+
+    def _choice_ids(self, request: Completion, index: int) -> list[int]:
+        """Choice `index`'s token ids: from its own prompt and its number within it."""
+        prompt, choice, _ = request.source(index)
+        return self._text.token_ids(prompt, request.max_tokens, choice)
 
     def _embedding(self, request: EmbeddingRequest) -> bytes:
         dims = request.dims

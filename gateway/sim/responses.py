@@ -91,7 +91,7 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def completion_body(request: Completion, response_id: str, created: int, texts: list[str]) -> bytes:
     """A non-streaming `chat.completion` or `text_completion` body: one choice for each
-    of `texts` (`request.n` of them), numbered from 0; `completion_tokens` counts them all,
+    of `texts` (`request.choices` of them), numbered from 0; `completion_tokens` counts them all,
     as vLLM sums its choices'."""
     choices: list[dict[str, Any]]
     if request.endpoint == "chat":
@@ -134,9 +134,10 @@ class ChunkEncoder:
     Chat streams: a role chunk (`delta: {"role": "assistant", "content": ""}`), one chunk
     per token, a finish chunk (`delta: {}` with `finish_reason`), then, when asked for,
     a usage chunk with empty `choices`. Legacy completions have no role chunk. A stream
-    of `n` > 1 choices has one encoder per `index`: each choice's chunks carry its index
-    and it gets its own finish chunk (`finish`); `close()` (usage and `[DONE]`) is sent
-    once, after them all, its usage counting every choice.
+    of several choices (`n` > 1, or a list of prompts) has one encoder per `index`: each
+    choice's chunks carry its index and it gets its own finish chunk (`finish`);
+    `close()` (usage and `[DONE]`) is sent once, after them all, its usage counting every
+    choice.
     """
 
     __slots__ = ("_head", "_request", "_tail", "_token_head", "finish", "role")
@@ -186,7 +187,7 @@ class ChunkEncoder:
         request = self._request
         if not request.include_usage:
             return DONE
-        usage = orjson.dumps(_usage(request.prompt_tokens, request.max_tokens * request.n))
+        usage = orjson.dumps(_usage(request.prompt_tokens, request.max_tokens * request.choices))
         return self._head + b'[],"usage":' + usage + b"}\n\n" + DONE
 
 

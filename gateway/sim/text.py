@@ -27,6 +27,7 @@ __all__ = [
     "chat_prompt_tokens",
     "completion_prompt_tokens",
     "message_bytes",
+    "prompt_list",
     "text_tokens",
 ]
 
@@ -205,3 +206,13 @@ def completion_prompt_tokens(prompt: object) -> int:
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
             return sum(len(p) for p in prompt)
     raise WireError("prompt must be a string, an array of strings or an array of token ids")
+
+
+def prompt_list(prompt: object) -> tuple[tuple[object, ...], tuple[int, ...]]:
+    """A legacy `prompt` of several prompts (a list of two or more strings or token-id
+    lists, already validated by `completion_prompt_tokens`): each prompt and its token
+    count. One prompt (a string, token ids, or a list of one) gives two empty tuples."""
+    if not isinstance(prompt, list) or len(prompt) < 2 or isinstance(prompt[0], int):
+        return (), ()
+    counts = [text_tokens(_utf8_len(p)) if isinstance(p, str) else len(p) for p in prompt]
+    return tuple(prompt), tuple(counts)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.sim.settings import SimSettings
-from gateway.sim.text import WireError, chat_prompt_tokens, completion_prompt_tokens
+from gateway.sim.text import (
+    WireError,
+    chat_prompt_tokens,
+    completion_prompt_tokens,
+    prompt_list,
+)
 
 __all__ = [
     "MAX_CHOICES",
@@ -60,13 +65,31 @@ class Completion:
 
     endpoint: Endpoint
     model: str
-    prompt: object  # `messages` or `prompt`: the key generated text is derived from
-    prompt_tokens: int
+    prompt: object  # `messages` or `prompt` (the first of `prompts`): choice 0's text key
+    prompt_tokens: int  # summed over `prompts` when there are several
     max_tokens: int
     finish_reason: str
     stream: bool
     include_usage: bool
-    n: int = 1  # choices to answer, each `max_tokens` long
+    n: int = 1  # choices to answer per prompt, each `max_tokens` long
+    # A legacy `prompt` that is a list of several prompts (strings or token-id lists):
+    # each prompt and its own token count; empty for one prompt. Each prompt gets `n`
+    # choices, choice `p * n + c` from prompt `p`, as vLLM and OpenAI number them.
+    prompts: tuple[object, ...] = ()
+    prompt_counts: tuple[int, ...] = ()
+
+    @property
+    def choices(self) -> int:
+        """Choices in the answer: `n` for each prompt."""
+        return self.n * len(self.prompts) if self.prompts else self.n
+
+    def source(self, index: int) -> tuple[object, int, int]:
+        """Choice `index`'s prompt, its choice number within that prompt (the text salt)
+        and that prompt's token count."""
+        if not self.prompts:
+            return self.prompt, index, self.prompt_tokens
+        which, choice = divmod(index, self.n)
+        return self.prompts[which], choice, self.prompt_counts[which]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +157,18 @@ def parse_completion(
         prompt = payload.get("prompt")
         prompt_tokens = completion_prompt_tokens(prompt)
         requested = _positive_int(payload, "max_tokens")
-    if requested is not None and prompt_tokens + requested > settings.n_ctx:
-        raise ContextTooLong(prompt_tokens, requested, settings.n_ctx)
-    if prompt_tokens >= settings.n_ctx:
-        raise ContextTooLong(prompt_tokens, requested or 1, settings.n_ctx)
+    prompts, counts = prompt_list(prompt) if endpoint == "text" else ((), ())
+    if prompts:  # several prompts: each is its own request to the context check, as in vLLM
+        prompt, prompt_tokens, longest = prompts[0], sum(counts), max(counts)
+    else:
+        longest = prompt_tokens
+    if requested is not None and longest + requested > settings.n_ctx:
+        raise ContextTooLong(longest, requested, settings.n_ctx)
+    if longest >= settings.n_ctx:
+        raise ContextTooLong(longest, requested or 1, settings.n_ctx)
     n = _choices(payload)
+    if prompts and n * len(prompts) > MAX_CHOICES:
+        raise WireError(f"'n' times the number of prompts must be at most {MAX_CHOICES}")
     stream = _flag(payload, "stream")
     options = payload.get("stream_options")
     if options is not None and not isinstance(options, dict):
@@ -154,6 +184,8 @@ def parse_completion(
         stream=stream,
         include_usage=include_usage,
         n=n,
+        prompts=prompts,
+        prompt_counts=counts,
     )
 
 

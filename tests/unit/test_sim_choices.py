@@ -213,3 +213,106 @@ def test_the_most_choices_are_served() -> None:
     status, writes = post(_app(zero_latency=True), TEXT, {**ASK[TEXT], "n": 128})
     assert status == 200
     assert [c["index"] for c in orjson.loads(writes[0])["choices"]] == list(range(128))
+
+
+# -- a legacy `prompt` that is a list of prompts ----------------------------------------
+# OpenAI and vLLM answer `n` choices for each prompt: choice `p * n + c` is choice `c` of
+# prompt `p`, and usage sums every prompt's tokens and every choice's. Before, the
+# simulator answered only `n` choices, and the gateway (`short_of`) 502ed the demo.
+
+PROMPT_LISTS: dict[str, list[Any]] = {
+    "strings": ["Hello there!", "Hi"],  # 3 and 1 tokens
+    "token-ids": [[1, 2, 3], [4, 5, 6, 7]],  # 3 and 4 tokens
+}
+
+
+def _whole(app: SimApp, payload: dict[str, Any]) -> dict[str, Any]:
+    status, writes = post(app, TEXT, payload)
+    assert status == 200, writes
+    answer: dict[str, Any] = orjson.loads(b"".join(writes))
+    return answer
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("prompts", list(PROMPT_LISTS))
+@pytest.mark.parametrize("zero_latency", [False, True], ids=["timed", "instant"])
+def test_a_list_of_prompts_gets_n_choices_for_each(
+    n: int, prompts: str, zero_latency: bool
+) -> None:
+    listed = PROMPT_LISTS[prompts]
+    answer = _whole(_app(zero_latency=zero_latency), {"prompt": listed, "max_tokens": 6, "n": n})
+    choices = answer["choices"]
+    assert [c["index"] for c in choices] == list(range(2 * n))
+    assert all(c["finish_reason"] == "length" for c in choices)
+    # Choice p * n + c is choice c of prompt p asked alone.
+    alone = [
+        _whole(_app(zero_latency=zero_latency), {"prompt": p, "max_tokens": 6, "n": n})
+        for p in listed
+    ]
+    assert [c["text"] for c in choices] == [c["text"] for a in alone for c in a["choices"]]
+    prompt_tokens = sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert answer["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 2 * n * 6,
+        "total_tokens": prompt_tokens + 2 * n * 6,
+    }
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_stream_of_a_list_of_prompts_sends_each_choice_with_its_index(n: int, mode: str) -> None:
+    app = _app(**MODES[mode])
+    listed = PROMPT_LISTS["strings"]
+    ask = {"prompt": listed, "max_tokens": 6, "n": n, "stream": True}
+    status, writes = post(app, TEXT, {**ask, "stream_options": {"include_usage": True}})
+    assert status == 200
+    *chunks, usage = events(writes)
+    assert usage["choices"] == []
+    assert usage["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 2 * n * 6,
+        "total_tokens": 4 + 12 * n,
+    }
+    texts: dict[int, str] = defaultdict(str)
+    finishes: dict[int, list[str]] = defaultdict(list)
+    for chunk in chunks:
+        (choice,) = chunk["choices"]
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"] is not None:
+            finishes[choice["index"]].append(choice["finish_reason"])
+    assert dict(finishes) == {i: ["length"] for i in range(2 * n)}
+    whole = _whole(_app(**MODES[mode]), {"prompt": listed, "max_tokens": 6, "n": n})
+    assert [texts[i] for i in range(2 * n)] == [c["text"] for c in whole["choices"]]
+    assert app.engine.generation_tokens_total == 2 * n * 6
+
+
+def test_the_engine_prefills_each_choice_with_its_own_prompt() -> None:
+    app = _app(zero_latency=False)
+    _whole(app, {"prompt": PROMPT_LISTS["token-ids"], "max_tokens": 6, "n": 2})
+    assert app.engine.prompt_tokens_total == 2 * 3 + 2 * 4
+    assert app.engine.generation_tokens_total == 4 * 6
+
+
+@pytest.mark.parametrize(
+    "prompt", ["Hello there!", [1, 2, 3], ["Hello there!"]], ids=["string", "ids", "one"]
+)
+def test_a_single_prompt_still_gets_n_choices(prompt: object) -> None:
+    answer = _whole(_app(zero_latency=True), {"prompt": prompt, "max_tokens": 6, "n": 2})
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert answer["usage"]["prompt_tokens"] == 3
+
+
+@pytest.mark.parametrize(("prompts", "n"), [(2, 65), (129, 1), (3, 43)])
+def test_more_than_128_choices_over_all_prompts_are_refused(prompts: int, n: int) -> None:
+    app = _app(zero_latency=True)
+    status, writes = post(app, TEXT, {"prompt": ["Hi"] * prompts, "max_tokens": 1, "n": n})
+    assert status == 400
+    error = orjson.loads(b"".join(writes))["error"]
+    assert error["message"] == "'n' times the number of prompts must be at most 128"
+    assert (error["type"], error["code"]) == ("BadRequestError", 400)
+    assert app.stats.started == 0
+    status, writes = post(
+        _app(zero_latency=True), TEXT, {"prompt": ["Hi"] * 2, "max_tokens": 1, "n": 64}
+    )
+    assert status == 200
+    assert len(orjson.loads(writes[0])["choices"]) == 128
