@@ -157,11 +157,21 @@ def relayed(
     )
     client = HostedClient(backend, environ={"KEY": "k"}, timeout_s=30, max_answer_bytes=1 << 20)
     ask = doc or {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    return client_relayed(client, endpoint, ask)
+
+
+def client_relayed(
+    client: HostedClient, endpoint: Endpoint, ask: dict[str, Any]
+) -> tuple[list[bytes], HostedError | None]:
+    """What `client` relays of its answer to `ask` (closed after): a stream's events, or a
+    whole answer's body as one item; and the `HostedError` that ended it, if any."""
 
     async def read() -> tuple[list[bytes], HostedError | None]:
         events: list[bytes] = []
         try:
             response = await client.send(endpoint, ask, "m")
+            if not ask.get("stream"):
+                return [response.body or b""], None
             async for event in response.chunks():
                 events.append(event)
         except HostedError as exc:

@@ -28,6 +28,7 @@ from gateway.config.schema import BackendSettings
 from gateway.upstream.hosted import HostedClient, HostedError
 from gateway.upstream.hosted_finish import Unfinished
 from tests.helpers.gateways import LITELLM_WARNINGS, Gateway, hosted_backend
+from tests.helpers.hosted_streams import client_relayed
 from tests.helpers.log_truth import logged_hosted_gateway
 from tests.helpers.provenance import request_records
 from tests.helpers.raw_backend import Answer, Post, RawBackend, json_answer, sse_head
@@ -81,22 +82,7 @@ def relayed(
     client = HostedClient(
         backend, environ={"HOSTED_KEY": "k"}, timeout_s=30, max_answer_bytes=1 << 20
     )
-
-    async def read() -> tuple[list[bytes], HostedError | None]:
-        events: list[bytes] = []
-        try:
-            answered = await client.send("chat", {**CHAT, "stream": stream}, "m")
-            if not stream:
-                return [answered.body or b""], None
-            async for event in answered.chunks():
-                events.append(event)
-        except HostedError as exc:
-            return events, exc
-        finally:
-            await client.aclose()
-        return events, None
-
-    return asyncio.run(read())
+    return client_relayed(client, "chat", {**CHAT, "stream": stream})
 
 
 @pytest.mark.parametrize(
