@@ -84,8 +84,9 @@ class GatewayApp(Runtime):
             self.parts.registry.successor = parts.registry
         self.parts = parts
         # Hosted providers' connectors made from now on join the active registry's share
-        # (LiteLLM's): here, not in `Registry.build`, which validating a candidate runs too.
-        share_with_hosted(parts.registry.sockets)
+        # (LiteLLM's), and hosted connections open within its connect timeout: here, not
+        # in `Registry.build`, which validating a candidate runs too.
+        share_with_hosted(parts.registry.sockets, parts.config.limits.connect_timeout_s)
         parts.registry.set_peer_inflight(self._peers)
         parts.metrics.watch_policies(parts.policies)
         parts.metrics.watch_backends(parts.registry, parts.scraper)

@@ -40,12 +40,18 @@ nothing here runs unless LiteLLM is loaded (aiohttp is imported with this module
 
 from __future__ import annotations
 
+import asyncio
 import select
 from typing import Any
 
 from aiohttp import TCPConnector
 
-from gateway.upstream.sockets import BackendSockets, hosted_share, received_bytes
+from gateway.upstream.sockets import (
+    BackendSockets,
+    hosted_connect_timeout,
+    hosted_share,
+    received_bytes,
+)
 
 __all__ = ["CountedConnector"]
 
@@ -110,7 +116,14 @@ class CountedConnector(TCPConnector):
         # aiohttp counted this one in `_acquired` already (its placeholder): opening=1
         if self._share is not None:
             self._share.make_room(opening=1)
-        return await super()._create_connection(req, traces, timeout)
+        # Opened (name lookup, TCP, a proxy's CONNECT, the TLS handshake) within
+        # `limits.connect_timeout_s`, as a private pool's connections are: LiteLLM gives
+        # aiohttp its `timeout` (the first-byte timeout) for connecting and the event loop
+        # waits 60 s for a TLS handshake, so a provider (or whatever answers at its address)
+        # that accepted and never finished the handshake held each attempt a minute before
+        # it failed over. aiohttp turns the TimeoutError into its connection timeout.
+        async with asyncio.timeout(hosted_connect_timeout()):
+            return await super()._create_connection(req, traces, timeout)
 
 
 def _out_of_step(proto: Any) -> bool:

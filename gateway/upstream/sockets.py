@@ -18,7 +18,8 @@ Hosted providers' connections (LiteLLM's aiohttp connectors, one per cached clie
 counted in the same share: each connector joins the count of the process
 (`share_with_hosted`, set by `GatewayApp.install`) and is asked for its open connections, in
 use and idle; one about to open a connection first makes room the same way
-(gateway/upstream/hosted_sockets.py). Room is made from the private pools' idle
+(gateway/upstream/hosted_sockets.py), and opens it within `limits.connect_timeout_s`, as a
+private pool does (`hosted_connect_timeout`). Room is made from the private pools' idle
 connections first, the oldest first, then from the hosted ones', the oldest first: a
 hosted connection costs a TLS handshake to open again, a private one (mostly) does not.
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendSockets",
     "HostedConnections",
+    "hosted_connect_timeout",
     "hosted_share",
     "received_bytes",
     "share_with_hosted",
@@ -109,13 +111,24 @@ class BackendSockets:
             min(idle, key=lambda pair: pair[0])[1].drop_oldest_idle()
 
 
-# The share the hosted connectors made in this process join: the running registry's.
+# The share the hosted connectors made in this process join: the running registry's; and
+# the time a hosted connection may take to open: its `limits.connect_timeout_s`.
 _HOSTED_SHARE: list[BackendSockets] = []
+_HOSTED_CONNECT_S: list[float] = []
 
 
-def share_with_hosted(sockets: BackendSockets) -> None:
-    """Make the hosted connectors created from now on join `sockets`."""
+def share_with_hosted(sockets: BackendSockets, connect_timeout_s: float | None = None) -> None:
+    """Make the hosted connectors created from now on join `sockets`, and every hosted
+    connection opened from now on (by any connector) open within `connect_timeout_s`
+    (None: the connector's own timeouts only)."""
     _HOSTED_SHARE[:] = [sockets]
+    _HOSTED_CONNECT_S[:] = [] if connect_timeout_s is None else [connect_timeout_s]
+
+
+def hosted_connect_timeout() -> float | None:
+    """The seconds a hosted connection may take to open: name lookup, TCP, a proxy's
+    CONNECT and the TLS handshake (None: no bound set in this process)."""
+    return _HOSTED_CONNECT_S[0] if _HOSTED_CONNECT_S else None
 
 
 def hosted_share() -> BackendSockets | None:
