@@ -143,6 +143,9 @@ class Recorder:
             request_commitment=trail.request_commitment,
             peer_spki=None if peer is None else peer.spki_sha256,
             attested=peer is not None and peer.attested,
+            # unknown to the tenant: its receipt's leaf hash confirms no guess of the
+            # trace (the backends the decision judged) nor of the fallback basis
+            blind=secrets.token_hex(32),
         )
         seal = self._seal_of(exchange, trail, backend.id, decision)
         try:

@@ -20,12 +20,15 @@ import httpx
 import orjson
 import pytest
 
+from gateway.canonical import canonical_json
 from gateway.provenance import (
     load_verifiers,
     verify_commitment,
     verify_receipt,
     write_signing_key,
 )
+from gateway.provenance.formats.merkle import leaf_hash
+from gateway.provenance.formats.receipts import receipt_claims
 from gateway.sim import Faults
 from gateway.tenants import hash_api_key
 from tests.helpers.gateways import (
@@ -161,6 +164,33 @@ def test_a_tenant_reads_no_receipt_proof_or_model_of_another(
     errors = [chat(gateway, TENANT_KEY, "hi", model=name).json()["error"] for name in "ox"]
     assert [e["code"] for e in errors] == ["model_not_found"] * 2
     assert errors[0]["message"].replace("`o`", "`x`") == errors[1]["message"]
+
+
+def test_a_served_requests_receipt_confirms_no_guess_of_the_backends_its_policy_judged(
+    rig: tuple[Gateway, list[Sim]], tmp_path: Path
+) -> None:
+    """A dispatch record's trace names every backend serving the model, each with its
+    verdict and rule: for `other`, `b0` excluded by its policy's `backends` rule, which
+    no answer tells it (`/v1/models` names no owner of it, a refusal's 403 no backend).
+    Everything else in the record `other` knows or can guess: its request id, tenant and
+    model, the policy (the receipt names its digest; a 403 names its id), the backend the
+    receipt names and its declared facts (its owner is `/v1/models`' `owned_by`), a time
+    to the millisecond and the commitment its own salts open. So hashing a guess of the
+    trace against the receipt's leaf hash confirmed which backends (another tenant's GPU
+    box) serve its model, as a refusal's receipt did before refusals held `blind`. Every
+    dispatch record now holds `blind` too: 32 random bytes no answer or receipt gives."""
+    gateway, _ = rig
+    response = chat(gateway, OTHER_KEY, "hello")
+    assert response.status_code == 200, response.text
+    claims = receipt_claims(base64.b64decode(response.headers["x-owngate-receipt"]))
+    log = tmp_path / "log"
+    (record,) = request_records(log, response.headers["x-request-id"], "dispatch")
+    excluded = [step for step in record["trace"] if step["verdict"] == "excluded"]
+    assert [step["backend"] for step in excluded] == ["b0"], record["trace"]
+    assert leaf_hash(canonical_json(record)) == claims.dispatch_hash  # the record named
+    guess = {key: value for key, value in record.items() if key != "blind"}
+    assert leaf_hash(canonical_json(guess)) != claims.dispatch_hash, "the guess matched"
+    assert len(record["blind"]) == 64
 
 
 def test_models_name_no_owner_of_a_backend_the_tenants_policy_denies(

@@ -196,12 +196,13 @@ def dispatch_record(
     attested: bool = False,
     fallback_basis: Sequence[tuple[str, str]] | None = None,
     provider_model: str | None = None,
+    blind: str | None = None,
 ) -> dict[str, object]:
     """`peer_spki`: the key the backend presented on the connection that carried the
     request (`sha256//` + base64), `attested`: its certificate stated the backend's facts;
-    `fallback_basis` (with `fallback_reason`): each eligible private backend's state
-    (`BASIS_STATES`) that allowed the fallback, as `fallback_basis` in the record;
-    `provider_model`: the model string a hosted attempt sends its provider."""
+    `fallback_basis` (with `fallback_reason`): each eligible private backend's state that
+    allowed the fallback; `provider_model`: the model string a hosted attempt sends its
+    provider; `blind`: random bytes no receipt gives (schema.py). Absent when None."""
     check_text(request_id, "request_id", empty=False)
     check_text(tenant, "tenant")
     check_text(model, "model")
@@ -216,6 +217,7 @@ def dispatch_record(
     check_flag(attested, "attested")
     if provider_model is not None:
         check_text(provider_model, "provider_model", empty=False)
+    check_hex64(blind, "blind", optional=True)
     r = backend.retention
     ref: dict[str, object] = {
         "id": backend.id,
@@ -245,10 +247,8 @@ def dispatch_record(
         "fallback": fallback_reason,
         "request_commitment": request_commitment,
     }
-    if basis is not None:
-        record["fallback_basis"] = basis
-    if provider_model is not None:
-        record["provider_model"] = provider_model
+    optional = {"fallback_basis": basis, "provider_model": provider_model, "blind": blind}
+    record.update((name, value) for name, value in optional.items() if value is not None)
     return record
 
 

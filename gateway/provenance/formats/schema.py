@@ -117,6 +117,12 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # A hosted attempt: the model string sent to the provider (LiteLLM's, as
         # gateway.yaml's `provider_model`); absent for private backends and older records.
         "provider_model": Omittable(_NONEMPTY),
+        # 32 random bytes, in no receipt: the trace names every backend serving the model
+        # (those the policy excluded, with their rule) and `fallback_basis` the private
+        # ones' states, which no answer tells the tenant, and the rest of the record is
+        # its own or guessable, so the receipt's leaf hash confirmed a guess of them;
+        # absent in records written before it existed.
+        "blind": Omittable(_HEX64),
     },
     "completion": {
         **_COMMON,
