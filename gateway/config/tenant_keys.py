@@ -10,6 +10,7 @@ import yaml
 
 from gateway.config.issues import ConfigError, ConfigIssue
 from gateway.config.schema import GatewaySettings
+from gateway.logs import get_logger
 
 __all__ = ["merge_keys_file", "no_key_is_an_admin_token"]
 
@@ -54,8 +55,15 @@ def merge_keys_file(config: GatewaySettings, keys_path: Path, source: str) -> Ga
     known = {t.id for t in config.tenants}
     unknown = sorted(set(stored) - known)
     if unknown:
-        issue = ConfigIssue("", None, f"keys for tenants not in {source}: {', '.join(unknown)}")
-        raise ConfigError(str(keys_path), [issue])
+        # A tenant taken out of gateway.yaml whose digests are still in the keys file: its
+        # keys authenticate no one. Refused as an error (before), the reload that took it
+        # out failed and kept the running config, so its keys stayed valid (and the next
+        # start failed); `owngate keys new` and the admin API name only known tenants.
+        get_logger("owngate.config").warning(
+            "keys file lists tenants not in the config: their keys authenticate no one",
+            keys_file=str(keys_path),
+            tenants=unknown,
+        )
     tenants = tuple(
         t.model_copy(update={"api_key_hashes": t.api_key_hashes + tuple(stored.get(t.id, ()))})
         for t in config.tenants

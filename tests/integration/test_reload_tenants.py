@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -32,8 +33,8 @@ ACME = {"id": "acme", "api_key_hashes": [hash_api_key(TENANT_KEY)], "models": ["
 OTHER_KEY_HASH = hash_api_key("og-test-a-new-key-for-acme-0123")
 
 
-def write_config(path: Path, url: str, tenants: list[dict[str, Any]]) -> None:
-    config = gateway_config([backend("gpu", url, "m", "n")], tenants=tenants).model_dump(
+def write_config(path: Path, url: str, tenants: list[dict[str, Any]], **extra: Any) -> None:
+    config = gateway_config([backend("gpu", url, "m", "n")], tenants=tenants, **extra).model_dump(
         mode="json", exclude_none=True
     )
     path.with_suffix(".tmp").write_text(yaml.safe_dump(config))
@@ -151,3 +152,41 @@ def test_the_key_is_read_and_hashed_once_looked_up_twice(
         server.stop()
     assert read == [b"authorization"]
     assert looked_up == [hash_api_key(TENANT_KEY)] * 2
+
+
+def test_a_tenant_taken_out_of_the_config_loses_the_keys_its_keys_file_still_lists(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """An operator cuts a tenant off by taking it out of gateway.yaml; its digests are
+    still in the keys file (`owngate keys new` put them there). The keys file listing a
+    tenant the config does not have was an error: the reload failed, the running config
+    was kept, and the tenant taken out kept being served with its keys (the next start
+    failed). Now its digests authenticate no one (a warning says so) and the reload
+    takes effect: its key is 401, the other tenant's still served."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True)
+    path = tmp_path / "gateway.yaml"
+    beta_key = "og-test-beta-key-from-the-keys-file-0123"
+    keys = {"tenants": {"beta": [hash_api_key(beta_key)]}}
+    (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
+    beta = {"id": "beta", "models": ["*"]}
+    write_config(path, sim.url, [ACME, beta], keys_file="keys.yaml")
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    server = ServerThread(app).start()
+    url = f"http://{server.host}:{server.port}/v1/chat/completions"
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+
+    def status(key: str) -> int:
+        headers = {"authorization": f"Bearer {key}"}
+        return httpx.post(url, json=body, headers=headers, timeout=30).status_code
+
+    try:
+        assert status(beta_key) == 200
+        arrival = app.parts
+        write_config(path, sim.url, [ACME], keys_file="keys.yaml")
+        reloader = app.reloader
+        assert reloader is not None
+        until(lambda: app.parts is not arrival or reloader.reload_failures > 0, "the reload")
+        assert (status(beta_key), status(TENANT_KEY)) == (401, 200), reloader.last_error
+        assert reloader.last_error is None
+    finally:
+        server.stop()

@@ -17,6 +17,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import yaml
@@ -27,6 +28,7 @@ from gateway.cli.main import main
 from gateway.config import ConfigError, load_config
 from gateway.tenants import add_key_hash, hash_api_key, read_keys_file, remove_key_hash
 from tests.helpers.gateways import backend
+from tests.helpers.log_capture import rendered_logs
 
 NOBODY = 65534  # the gateway's user, where root runs `owngate keys`
 
@@ -144,13 +146,15 @@ def test_a_keys_file_with_a_line_break_only_yaml_sees_is_a_config_error(
 
 @pytest.mark.parametrize(
     ("tenants", "expected"),
-    [({"\x1b[2J\rteam": []}, "\\x1b[2J\\x0dteam"), ({"team\u202e": "x"}, "team\\u202e")],
+    [({"\x1b[2J\rteam": "x"}, "\\x1b[2J\\x0dteam"), ({"team\u202e": "x"}, "team\\u202e")],
 )
 def test_the_cli_prints_a_keys_file_problem_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], tenants: dict[str, object], expected: str
 ) -> None:
-    """A tenant named in the keys file (unknown to the config, or with no list of digests)
-    is quoted in the config error, which `owngate keys` prints escaped (`shown`)."""
+    """A tenant named in the keys file with no list of digests is quoted in the config
+    error, which `owngate keys` prints escaped (`shown`). (One the config does not have
+    is no error: its digests authenticate no one, and the warning saying so is escaped
+    as every log line is, gateway/logs.py.)"""
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"tenants": tenants}))
     config = str(_config(tmp_path, "keys.yaml"))
     assert main(["keys", "revoke", hash_api_key("og-one"), "--config", config]) == 1
@@ -158,6 +162,27 @@ def test_the_cli_prints_a_keys_file_problem_escaped(
     assert "keys.yaml" in err
     assert [c for line in err.split("\n") for c in line if not c.isprintable()] == []
     assert expected in err
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_a_tenant_the_config_lacks_holds_no_key_and_is_named_escaped(
+    tmp_path: Path, fmt: Literal["json", "console"]
+) -> None:
+    """The keys file lists a tenant gateway.yaml does not have (taken out of it): the
+    config loads (a reload takes effect, tests/integration/test_reload_tenants.py), no
+    tenant holds its digests, and the warning names it escaped."""
+    gone = hash_api_key("og-of-a-tenant-taken-out")
+    keys = {"tenants": {"team": [hash_api_key("og-one")], "\x1b[2J\rgone": [gone]}}
+    (tmp_path / "keys.yaml").write_text(yaml.safe_dump(keys))
+    with rendered_logs(fmt) as logs:
+        config = load_config(_config(tmp_path, "keys.yaml"))
+    assert [(t.id, t.api_key_hashes) for t in config.tenants] == [
+        ("team", (hash_api_key("og-one"),))
+    ]
+    text = logs.getvalue()
+    assert "authenticate no one" in text
+    assert "x1b[2J" in text
+    assert [c for c in text if not c.isprintable() and c != "\n"] == []
 
 
 def test_revoking_a_digest_the_file_lacks_takes_no_lock(tmp_path: Path) -> None:
