@@ -223,6 +223,11 @@ def _usage_seen(received: Received) -> list[Any]:
     return [d["usage"] for d in docs if isinstance(d, dict) and d.get("usage") is not None]
 
 
+def _count(value: Any) -> bool:
+    """Whether a usage count is one the record states (docs: a whole number 0..2^53)."""
+    return type(value) is int and 0 <= value <= 2**53
+
+
 def audit(
     received: Received,
     logdir: Path,
@@ -309,13 +314,12 @@ def audit(
         findings.append("no response commitment for an answer the client got")
     elif commitment is not None and not opened:
         findings.append("the response commitment does not open with the bytes received")
-    # Usage as shown last, where its counts are whole numbers; one whose counts are not
-    # (3.9, "3") is none, never an earlier one (docs: no count is made of them).
+    # Usage as shown last, where its counts are whole numbers 0..2^53; one whose counts
+    # are not (3.9, "3", -1, 2^53 + 1) is none, never an earlier one (docs: no count is
+    # made of them).
     names = ("prompt_tokens", "completion_tokens", "total_tokens")
     seen = _usage_seen(received)
-    if seen and not (
-        isinstance(seen[-1], dict) and all(type(seen[-1].get(n, 0)) is int for n in names)
-    ):
+    if seen and not (isinstance(seen[-1], dict) and all(_count(seen[-1].get(n, 0)) for n in names)):
         if completion["usage"] is not None:
             findings.append(f"usage {completion['usage']} in the record, {seen[-1]} shown")
     elif seen and completion["usage"] != {name: seen[-1].get(name, 0) for name in names}:
