@@ -305,7 +305,7 @@ class AttestRelay:
         if not received:  # no body at all: the gateway tries elsewhere, as without the sidecar
             conn.end_stream(b"")
             return
-        line_end = end.bytes()  # the comment starts a line: stream_end.py (committed to)
+        line_end = end.after()  # the comment starts a line: stream_end.py (committed to)
         hashed.update(line_end)
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self._countersign(request_id, request_commitment, digest)

@@ -36,7 +36,7 @@ _HEAD: Final = 6  # a BOM, `id` and `:`: a line start shorter may still become o
 
 
 class StreamEnd:
-    """Fed a stream's bytes as relayed, read by read; `bytes()` is what goes after them."""
+    """Fed a stream's bytes as relayed, read by read; `after()` is what goes after them."""
 
     def __init__(self) -> None:
         self.ids = False  # a line of the stream was an `id` field
@@ -60,7 +60,7 @@ class StreamEnd:
         self._at_start = (last_end >= 0 or self._at_start) and len(rest) < _HEAD
         self._head = rest if self._at_start else b""
 
-    def bytes(self) -> bytes:
+    def after(self) -> bytes:
         """A line end if the stream's last line is unended, then the `id` line if due."""
         line_end = b"\n" if self._last and self._last not in b"\r\n" else b""
         # (a last line `id`, unended: the line end ends it)

@@ -36,19 +36,19 @@ def test_what_follows_a_stream_does_not_depend_on_its_reads(name: str) -> None:
     stream, after = CASES[name]
     whole = StreamEnd()
     whole.feed(stream)
-    assert whole.bytes() == after
+    assert whole.after() == after
     for cut in range(1, len(stream)):  # every split in two
         two = StreamEnd()
         two.feed(stream[:cut])
         two.feed(stream[cut:])
-        assert two.bytes() == after, cut
+        assert two.after() == after, cut
     byte_by_byte = StreamEnd()
     for i in range(len(stream)):
         byte_by_byte.feed(stream[i : i + 1])
-    assert byte_by_byte.bytes() == after
+    assert byte_by_byte.after() == after
 
 
 def test_nothing_relayed_needs_nothing_after_it() -> None:
     end = StreamEnd()
     end.feed(b"")
-    assert end.bytes() == b""
+    assert end.after() == b""
