@@ -210,6 +210,39 @@ def _reads_done(body: bytes) -> bool:
             return False
 
 
+def _raised_by_gateways_blank_line(body: bytes, backend: int) -> bool:
+    """Whether the OpenAI SDK, reading `body`, raises at an event that only a blank line
+    of the gateway's dispatched (at or past byte `backend`, where the gateway's own bytes
+    begin) with no field line of its own since the last event: one the SDK dispatches
+    because it keeps the last event id (openai/_streaming.py `SSEDecoder.decode`), whose
+    `json()` of "" raises at the end of an answer the client read whole (docs: "A stream
+    whose backend gave its events `id` fields ... the empty `id` clears it")."""
+    decoder = SSEDecoder()
+    fields = False  # a field line since the last event was dispatched
+    start = 0
+    for end in re.finditer(rb"\r\n|\r|\n", body):
+        line, start = body[start : end.start()], end.end()
+        try:
+            sse = decoder.decode(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            return False  # the SDK raises there: the backend's line, not a blank one
+        if sse is None:
+            fields = fields or (bool(line) and not line.startswith(b":"))
+            continue
+        if sse.data.startswith("[DONE]"):
+            return False
+        try:
+            doc = json.loads(sse.data)
+        except RecursionError:
+            doc = None
+        except ValueError:
+            return not fields and end.start() >= backend
+        if isinstance(doc, dict) and doc.get("error"):
+            return False
+        fields = False
+    return False
+
+
 def _usage_seen(received: Received) -> list[Any]:
     """The usages the client was shown (a JSON answer's, a stream's events'), read as the
     OpenAI SDK reads them: objects, or values that are none (`"usage": 7`)."""
@@ -305,6 +338,8 @@ def audit(
     if received.is_stream and not left and committed:
         # Its last event, left open, is ended by the gateway's own bytes (both end so).
         backend_error = _events_read(committed[0] + b"\n\n")[1]
+        if _raised_by_gateways_blank_line(received.body, len(committed[0])):
+            findings.append("the SDK raised at an event only the gateway's blank line made")
         if completion.get("stream_error") != ("backend" if backend_error else None):
             findings.append(
                 f"stream_error {completion.get('stream_error')!r}, the client read "
