@@ -9,7 +9,8 @@ countersignature travels back as the `x-owngate-attest` header (a whole answer) 
 final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
 natural place, but few clients and proxies pass them on, and the gateway's own listener
 refuses them), always on a line of its own (after a last line the backend left unended,
-an LF goes first, relayed and hashed as part of the body). The inference server's own
+an LF goes first; after events with `id` fields an `id` line with no value: stream_end.py;
+both relayed and hashed as part of the body). The inference server's own
 `owngate-` comment lines are removed from a stream or a whole answer before it is hashed
 (gateway/sse_comments.py, as the gateway does), so the countersigned body is the one the
 gateway relays. Only an answer the gateway relays as one, a 2xx with a body, is
@@ -69,6 +70,7 @@ from gateway.attest.notary import COUNTER_FILE, CounterFile, Notary, last_logged
 from gateway.attest.protocol import Connection, Request
 from gateway.attest.request import forwarded
 from gateway.attest.settings import AttestSettings
+from gateway.attest.stream_end import StreamEnd
 from gateway.body_budget import RETRY_AFTER, BodyBudget, Held, hold_answer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.log_tally import Tally
@@ -270,7 +272,7 @@ class AttestRelay:
         # The inference server's own `owngate-` comment lines are not relayed: the
         # gateway would remove them, and the countersignature must be over what it relays.
         comments = CommentFilter()
-        last = b""  # the last byte relayed
+        end = StreamEnd()  # (what goes after the backend's bytes: stream_end.py)
         received = False  # whether the backend sent any body byte
         try:
             async for chunk in response.chunks(response.stream_deadline):
@@ -278,14 +280,14 @@ class AttestRelay:
                 data = comments.feed(chunk)
                 if data:
                     hashed.update(data)
-                    last = data[-1:]
+                    end.feed(data)
                     await conn.send_chunk(data)
                 if conn.left:
                     return
             data = comments.flush()
             if data:
                 hashed.update(data)
-                last = data[-1:]
+                end.feed(data)
                 await conn.send_chunk(data)
         except UpstreamError as exc:
             if conn.left:
@@ -303,10 +305,7 @@ class AttestRelay:
         if not received:  # no body at all: the gateway tries elsewhere, as without the sidecar
             conn.end_stream(b"")
             return
-        # The comment starts a line of its own: glued to a last line the backend left
-        # unended, it would be that line's text (a `data:` line carrying the signature).
-        # The line end goes first, relayed and committed to like the backend's bytes.
-        line_end = b"\n" if last and last not in b"\r\n" else b""
+        line_end = end.after()  # the comment starts a line: stream_end.py (committed to)
         hashed.update(line_end)
         digest = commit_digest("response", salts.response, hashed.digest())
         envelope = self._countersign(request_id, request_commitment, digest)

@@ -210,6 +210,39 @@ def _reads_done(body: bytes) -> bool:
             return False
 
 
+def _raised_by_gateways_blank_line(body: bytes, backend: int) -> bool:
+    """Whether the OpenAI SDK, reading `body`, raises at an event that only a blank line
+    of the gateway's dispatched (at or past byte `backend`, where the gateway's own bytes
+    begin) with no field line of its own since the last event: one the SDK dispatches
+    because it keeps the last event id (openai/_streaming.py `SSEDecoder.decode`), whose
+    `json()` of "" raises at the end of an answer the client read whole (docs: "A stream
+    whose backend gave its events `id` fields ... the empty `id` clears it")."""
+    decoder = SSEDecoder()
+    fields = False  # a field line since the last event was dispatched
+    start = 0
+    for end in re.finditer(rb"\r\n|\r|\n", body):
+        line, start = body[start : end.start()], end.end()
+        try:
+            sse = decoder.decode(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            return False  # the SDK raises there: the backend's line, not a blank one
+        if sse is None:
+            fields = fields or (bool(line) and not line.startswith(b":"))
+            continue
+        if sse.data.startswith("[DONE]"):
+            return False
+        try:
+            doc = json.loads(sse.data)
+        except RecursionError:
+            doc = None
+        except ValueError:
+            return not fields and end.start() >= backend
+        if isinstance(doc, dict) and doc.get("error"):
+            return False
+        fields = False
+    return False
+
+
 def _usage_seen(received: Received) -> list[Any]:
     """The usages the client was shown (a JSON answer's, a stream's events'), read as the
     OpenAI SDK reads them: objects, or values that are none (`"usage": 7`)."""
@@ -221,6 +254,11 @@ def _usage_seen(received: Received) -> list[Any]:
         except (ValueError, RecursionError):
             docs = []
     return [d["usage"] for d in docs if isinstance(d, dict) and d.get("usage") is not None]
+
+
+def _count(value: Any) -> bool:
+    """Whether a usage count is one the record states (docs: a whole number 0..2^53)."""
+    return type(value) is int and 0 <= value <= 2**53
 
 
 def audit(
@@ -300,6 +338,8 @@ def audit(
     if received.is_stream and not left and committed:
         # Its last event, left open, is ended by the gateway's own bytes (both end so).
         backend_error = _events_read(committed[0] + b"\n\n")[1]
+        if _raised_by_gateways_blank_line(received.body, len(committed[0])):
+            findings.append("the SDK raised at an event only the gateway's blank line made")
         if completion.get("stream_error") != ("backend" if backend_error else None):
             findings.append(
                 f"stream_error {completion.get('stream_error')!r}, the client read "
@@ -309,13 +349,12 @@ def audit(
         findings.append("no response commitment for an answer the client got")
     elif commitment is not None and not opened:
         findings.append("the response commitment does not open with the bytes received")
-    # Usage as shown last, where its counts are whole numbers; one whose counts are not
-    # (3.9, "3") is none, never an earlier one (docs: no count is made of them).
+    # Usage as shown last, where its counts are whole numbers 0..2^53; one whose counts
+    # are not (3.9, "3", -1, 2^53 + 1) is none, never an earlier one (docs: no count is
+    # made of them).
     names = ("prompt_tokens", "completion_tokens", "total_tokens")
     seen = _usage_seen(received)
-    if seen and not (
-        isinstance(seen[-1], dict) and all(type(seen[-1].get(n, 0)) is int for n in names)
-    ):
+    if seen and not (isinstance(seen[-1], dict) and all(_count(seen[-1].get(n, 0)) for n in names)):
         if completion["usage"] is not None:
             findings.append(f"usage {completion['usage']} in the record, {seen[-1]} shown")
     elif seen and completion["usage"] != {name: seen[-1].get(name, 0) for name in names}:

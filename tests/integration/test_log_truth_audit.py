@@ -93,6 +93,19 @@ STREAMS: dict[str, tuple[tuple[bytes, ...], dict[str, Any]]] = {
         chunked(EVENT.replace(b"]}", b'],"usage":null}'), USAGE_CHUNK, DONE),
         CHAT,
     ),
+    # counts the record cannot state (docs: whole numbers 0..2^53): no usage recorded
+    "usage-past-2-53-asked": (
+        chunked(EVENT, USAGE_CHUNK.replace(b":3,", b":9007199254740993,"), DONE),
+        ASKS_USAGE,
+    ),
+    "usage-negative-asked": (
+        chunked(EVENT, USAGE_CHUNK.replace(b":3,", b":-3,"), DONE),
+        ASKS_USAGE,
+    ),
+    "usage-at-2-53-asked": (
+        chunked(EVENT, USAGE_CHUNK.replace(b":3,", b":9007199254740992,"), DONE),
+        ASKS_USAGE,
+    ),
     "n2-tools": (chunked(EVENT, N2, TOOL, USAGE_CHUNK, DONE), {**CHAT, "n": 2}),
     "tiny-chunks": (
         chunked(*[bytes([b]) for b in (EVENT * 20 + USAGE_CHUNK + DONE)]),
