@@ -9,7 +9,8 @@ with it, and after the restart the signed log said the client got an answer it g
 third of. Now the completion waits until the kernel took the whole answer (a client that
 reads it gets it then even if the gateway dies): killed before, the dispatch stays open
 (what `audit verify` reports for a request the gateway did not see end), and no record
-claims an answer the client never got.
+claims an answer the client never got. A connection lost (reset) before is a client that
+left: 499, committing to no answer (before: 200, committing to all of it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import select
 import signal
 import socket
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,10 @@ import orjson
 
 from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import Sim, backend
+from tests.helpers.gateways import Gateway, Sim, backend, logged_private_gateway
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
-from tests.helpers.provenance import records, run_audit_output
+from tests.helpers.provenance import completion_record, records, run_audit_output
 from tests.helpers.waiting import until
 
 ORIGIN = "test.owngate/log/killed-unread"
@@ -37,14 +39,14 @@ KEY = "og-killed-unread-key-0123456789abcd"
 TOKENS = 1_200_000  # the simulator's answer: about 6 MB of JSON
 
 
-def _ask(port: int, tokens: int) -> socket.socket:
+def _ask(port: int, tokens: int, key: str = KEY) -> socket.socket:
     """A connection that asked for a whole answer of `tokens` tokens and reads nothing yet."""
     body = orjson.dumps(
         {"model": "m", "max_tokens": tokens, "messages": [{"role": "user", "content": "x"}]}
     )
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
-        f"authorization: Bearer {KEY}\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {key}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     )
     client = socket.socket()
@@ -133,3 +135,28 @@ def test_a_gateway_killed_with_an_answer_in_its_write_buffer_records_no_answer(
         f"the client got {len(body)} of {length} bytes; the log says {claims[0]['status']} "
         f"with a commitment to {claims[0]['response_commitment']}"
     )
+
+
+def test_a_connection_lost_with_an_answer_in_the_write_buffer_is_a_client_that_left(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    sim = start_sim("vllm", models=("m",), zero_latency=True, n_ctx=2 * TOKENS)
+    gateway = logged_private_gateway(start_gateway, tmp_path, sim.url, ORIGIN)
+    slow = _ask(gateway.server.port, TOKENS, gateway.key)
+    try:
+        assert select.select([slow], [], [], 60)[0], "no answer began"
+        # Held until taken: the answer went to the connection, most of it is in its
+        # write buffer in the gateway (the kernel holds at most a few MB).
+        until(lambda: gateway.app.answers.held > 0, "the answer held", timeout=30)
+        head = slow.recv(4096)
+        request_id = next(
+            line.split(b":")[1].strip().decode()
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"x-request-id")
+        )
+    finally:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        slow.close()  # a reset: what the gateway still buffers never reaches the client
+    until(lambda: gateway.app.answers.held == 0, "the answer given back", timeout=30)
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["response_commitment"]) == (499, None), record
