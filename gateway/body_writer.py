@@ -27,6 +27,7 @@ or once called, so it holds the request's task no longer than the request runs.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -44,6 +45,7 @@ __all__ = [
     "BodyWriter",
     "body_writer",
     "client_lost",
+    "connection_closed",
     "drop",
     "mark_lost",
 ]
@@ -52,12 +54,15 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 # One chunk of chunked coding, `CHUNK % (len(data), data)`: what `BodyWriter.write` writes
 # (and the private relay's sink, which writes each read itself: gateway/api/stream_relay.py)
 CHUNK: Final = b"%x\r\n%b\r\n"
+# How often `BodyWriter.taken` looks again at an answer's tail the client is reading
+# (below the pause mark no event says when the kernel took it): only for such a tail.
+_TAIL_POLL_S: Final = 0.01
 
 
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle", "_guard", "_on_gone", "dropped")
+    __slots__ = ("_cycle", "_guard", "_on_gone", "closed", "dropped")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
@@ -67,6 +72,10 @@ class BodyWriter:
         # The server dropped the connection itself (`drop`): its loss is the gateway's
         # cut (503), not a client that left (499).
         self.dropped = False
+        # The connection is gone (`connection_closed`), also after the response completed,
+        # when uvicorn no longer marks its cycle disconnected: what its write buffer held
+        # then never reached the client.
+        self.closed = False
 
     def watch(self, on_gone: Callable[[], object]) -> bool:
         """Call `on_gone` once if the client disconnects before the response ends (call
@@ -213,11 +222,36 @@ class BodyWriter:
         cycle.message_event.set()
         cycle.transport.close()
 
+    async def taken(self) -> bool:
+        """Wait until the kernel has taken every byte handed to the connection (none left
+        in this process's write buffer, which a crash or a lost connection loses): True,
+        or False when the connection was lost first. uvloop writes to the socket at once,
+        so a reading client's answer is taken when written; one the client reads slower
+        than it is written waits for it. Bounded by the listener, which drops a client
+        that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
+        cycle = self._cycle()
+        while cycle is not None and not self.closed and not cycle.disconnected:
+            if not cycle.transport.get_write_buffer_size():
+                return True
+            if cycle.flow.write_paused:
+                await cycle.flow.drain()  # resumed below the low-water mark, or lost
+            else:  # a tail below the pause mark: no event says when the kernel took it
+                await asyncio.sleep(_TAIL_POLL_S)
+        return False
+
     async def drain(self) -> None:
         """Wait until the client may be written to again (or is gone)."""
         cycle = self._cycle()
         if cycle is not None:
             await cycle.flow.drain()
+
+
+def connection_closed(cycle: RequestResponseCycle | None) -> None:
+    """The connection of `cycle` is gone (the listener's `connection_lost`): a request
+    waiting for its answer to be taken (`BodyWriter.taken`) learns it was not."""
+    writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
+    if writer is not None:
+        writer.closed = True
 
 
 def client_lost(cycle: RequestResponseCycle | None) -> None:

@@ -81,7 +81,13 @@ from typing import TYPE_CHECKING, Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.body_writer import BODY_WRITER_SCOPE_KEY, BodyWriter, client_lost, mark_lost
+from gateway.body_writer import (
+    BODY_WRITER_SCOPE_KEY,
+    BodyWriter,
+    client_lost,
+    connection_closed,
+    mark_lost,
+)
 from gateway.close_delimited import close_delimited
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode
@@ -147,6 +153,8 @@ class LimitedHttpProtocol(RefusingProtocol):
         self._head_timer = self._body_timer = self._linger_timer = self._write_timer = None
         self.timeout_keep_alive_task = None
         super().connection_lost(exc)
+        connection_closed(self.cycle)  # an answer's tail still unsent is lost with it
+        connection_closed(self.answering)
         client_lost(self.cycle)  # the proxy's disconnect watch (gateway/body_writer.py)
         # pipelined: uvicorn tells its newest cycle only, not the one being answered
         if self.answering is not None and not self.answering.response_complete:

@@ -240,7 +240,34 @@ async def send_whole(
         if exchange.trail is not None:
             exchange.trail.unsent()
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    await _taken(exchange)
     exchange.ended = True
+
+
+async def _taken(exchange: Exchange) -> None:
+    """Wait until the kernel took the whole answer (`BodyWriter.taken`) before the request
+    counts as answered: its completion record says 200 and commits to the answer. Before,
+    it was written while the answer could still sit in the gateway's own write buffer (a
+    client reading slower than it is answered): a gateway killed then, or a connection
+    lost then, left a client with part of the answer and a log saying it got all of it.
+    A connection lost first ends the request as a client that left (499, committing to
+    no answer: what it got is not the answer). A shutdown's cancellation meanwhile (nothing
+    else cancels a request whose answer went to its connection) is taken back: the answer
+    went to the connection whole and the request ends as answered, as it did when the
+    cancellation landed after this (`openai._answer_taken`), not as an error uvicorn logs."""
+    writer = exchange.writer
+    try:
+        taken = writer is None or await writer.taken()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        taken = True
+    if not taken:
+        exchange.client_gone = True
+        if exchange.trail is not None:
+            exchange.trail.unsent()
+        raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:

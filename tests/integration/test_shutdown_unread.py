@@ -71,8 +71,18 @@ async def answer_taken(ex, answer):
     await _answer_taken(ex, answer)
 
 
+_taken = exchange._taken
+
+
+async def taken(ex):  # the wait for the kernel to take the answer, before its record
+    if ex.writer is not None and ex.writer.write_paused:
+        _say("an answer waits to be taken")
+    await _taken(ex)
+
+
 exchange.receipt_headers = receipt_headers
 openai._answer_taken = answer_taken
+exchange._taken = taken
 """
 SMALL = json.dumps(
     {
