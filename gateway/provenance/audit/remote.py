@@ -225,6 +225,7 @@ def _get(
         raise OSError(f"GET {request.full_url}: {exc}") from exc
     finally:
         timer.cancel()
+        watch.release()
     if watch.expired:  # a socket shut down reads as the end: what came is not the file
         raise late
     return b"".join(chunks)
@@ -244,7 +245,12 @@ def _late(request: urllib.request.Request, limits: FetchLimits, *, whole_copy: b
 
 class _Watch:
     """The socket of one GET, shut down when its deadline passes (which wakes a read
-    blocked on it, whatever the read timeout)."""
+    blocked on it, whatever the read timeout). It holds a duplicate of the socket's
+    descriptor: an https connection's socket object is detached as TLS wraps it (its
+    descriptor moves to the `SSLSocket`), and shutting the detached object down did
+    nothing, so a server that stalled the handshake, or dripped an https file's head or
+    body, held each file its read timeout a read, past every deadline. A shutdown acts on
+    the connection, whichever descriptor names it. `release` closes the duplicate."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -253,15 +259,23 @@ class _Watch:
 
     def attach(self, sock: socket.socket) -> None:
         with self._lock:
-            self._socket = sock
+            if self._socket is not None:  # a redirect's earlier connection
+                self._socket.close()
+            self._socket = sock.dup()
             if self.expired:
-                _shut(sock)
+                _shut(self._socket)
 
     def expire(self) -> None:
         with self._lock:
             self.expired = True
             if self._socket is not None:
                 _shut(self._socket)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None
 
 
 def _shut(sock: socket.socket) -> None:
