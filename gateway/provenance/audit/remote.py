@@ -244,13 +244,10 @@ def _late(request: urllib.request.Request, limits: FetchLimits, *, whole_copy: b
 
 
 class _Watch:
-    """The socket of one GET, shut down when its deadline passes (which wakes a read
-    blocked on it, whatever the read timeout). It holds a duplicate of the socket's
-    descriptor: an https connection's socket object is detached as TLS wraps it (its
-    descriptor moves to the `SSLSocket`), and shutting the detached object down did
-    nothing, so a server that stalled the handshake, or dripped an https file's head or
-    body, held each file its read timeout a read, past every deadline. A shutdown acts on
-    the connection, whichever descriptor names it. `release` closes the duplicate."""
+    """The socket of one GET, shut down at its deadline (waking a read blocked on it,
+    whatever the read timeout) through a duplicate of its descriptor: TLS detaches the
+    socket object it wraps, and shutting that one down did nothing (an https server that
+    stalled the handshake or dripped a head held the copy past every deadline)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -258,34 +255,27 @@ class _Watch:
         self.expired = False
 
     def attach(self, sock: socket.socket) -> None:
+        self.release()  # a redirect's earlier connection
         with self._lock:
-            if self._socket is not None:  # a redirect's earlier connection
-                self._socket.close()
             self._socket = sock.dup()
-            if self.expired:
-                _shut(self._socket)
+        if self.expired:
+            self.expire()
 
     def expire(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):  # closed: nothing left to wake
             self.expired = True
             if self._socket is not None:
-                _shut(self._socket)
+                self._socket.shutdown(socket.SHUT_RDWR)
 
     def release(self) -> None:
         with self._lock:
-            if self._socket is not None:
-                self._socket.close()
-                self._socket = None
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already closed: nothing left to wake
-        sock.shutdown(socket.SHUT_RDWR)
+            sock, self._socket = self._socket, None
+        if sock is not None:
+            sock.close()
 
 
 def _watched(base: type[http.client.HTTPConnection], watch: _Watch) -> Any:
-    """`base` whose TCP socket is handed to `watch` as soon as it exists (so the TLS
-    handshake is under the deadline too)."""
+    """`base` whose TCP socket `watch` holds as soon as it exists (its TLS handshake's too)."""
 
     class Watched(base):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
