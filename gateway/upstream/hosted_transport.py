@@ -62,6 +62,7 @@ from gateway.upstream.hosted_bound import (
     bounded_send_sync,
     in_bounded_send,
 )
+from gateway.upstream.hosted_tunnel import bound_tunnel, cap_connect
 
 __all__ = [
     "AnswerTooLarge",
@@ -216,7 +217,7 @@ def _proxy_route(client: Any, own: Any, proxy: str, proxying: type) -> Any:
         route = routes.get(proxy)
         if route is None:
             context = getattr(getattr(own, "_pool", None), "_ssl_context", None)
-            route = proxying(proxy=proxy, verify=True if context is None else context)
+            route = bound_tunnel(proxying(proxy=proxy, verify=True if context is None else context))
             routes[proxy] = route
         return route
 
@@ -262,6 +263,9 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
             _mark()
             if bounds and outbound is not None:  # never a 3xx followed, whoever made the client
                 kwargs["follow_redirects"] = False
+                cap_connect(
+                    args[1] if len(args) > 1 else kwargs.get("request")
+                )  # within limits.connect_timeout_s (hosted_tunnel.py)
             if bounds and outbound is not None and outbound.max_bytes is not None:
                 return await bounded_send(bounds, method, outbound, *args, **kwargs)
             return await method(*args, **kwargs)
@@ -275,6 +279,8 @@ def _marking(method: Any, bounds: str | None = None, *, bounded_only: bool = Fal
             outbound = _WATCHED.get()
             if outbound is not None:  # a sync `send`: never a 3xx followed
                 kwargs["follow_redirects"] = False
+                if bounds:  # within limits.connect_timeout_s (hosted_tunnel.py)
+                    cap_connect(args[1] if len(args) > 1 else kwargs.get("request"))
             if bounds and outbound is not None and outbound.max_bytes is not None:
                 return bounded_send_sync(bounds, method, outbound, *args, **kwargs)
             return method(*args, **kwargs)

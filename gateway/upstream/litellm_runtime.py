@@ -50,6 +50,10 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   messages); `disable_hf_tokenizer_download` (token counting would otherwise download
   tokenizers from the Hugging Face Hub); `modify_params=False`,
   `route_all_chat_openai_to_responses=False` (no environment-driven rewriting);
+  `DEFAULT_MAX_RETRIES=0` (its OpenAI embedding handler took the gateway's `max_retries=0`
+  for "unset" and had the SDK send a failed embedding three times, the input sent and
+  billed three times, three connect timeouts and back-offs to a provider address that
+  never finished a handshake before the gateway could fail over);
   `user_url_validation=True`, `user_url_allowed_hosts=[]` (LiteLLM's own refusal of
   content-part URLs on non-public addresses stays on, behind gateway/upstream/media_urls.py);
   `disable_anthropic_gemini_context_caching_transform=True` (a `cache_control` marker
@@ -222,6 +226,10 @@ _SETTINGS: Final[dict[str, Any]] = {
     "aiohttp_trust_env": False,
     "disable_aiohttp_trust_env": True,
     "ssl_verify": True,
+    # Retries are the gateway's: its OpenAI embedding handler reads the call's
+    # `max_retries=0` as `max_retries or DEFAULT_MAX_RETRIES` (2), so the SDK sent a
+    # failed embedding three times, three connect timeouts to a stalled address.
+    "DEFAULT_MAX_RETRIES": 0,
 }
 
 

@@ -225,6 +225,7 @@ def _get(
         raise OSError(f"GET {request.full_url}: {exc}") from exc
     finally:
         timer.cancel()
+        watch.release()
     if watch.expired:  # a socket shut down reads as the end: what came is not the file
         raise late
     return b"".join(chunks)
@@ -243,8 +244,10 @@ def _late(request: urllib.request.Request, limits: FetchLimits, *, whole_copy: b
 
 
 class _Watch:
-    """The socket of one GET, shut down when its deadline passes (which wakes a read
-    blocked on it, whatever the read timeout)."""
+    """The socket of one GET, shut down at its deadline (waking a read blocked on it,
+    whatever the read timeout) through a duplicate of its descriptor: TLS detaches the
+    socket object it wraps, and shutting that one down did nothing (an https server that
+    stalled the handshake or dripped a head held the copy past every deadline)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -252,26 +255,27 @@ class _Watch:
         self.expired = False
 
     def attach(self, sock: socket.socket) -> None:
+        self.release()  # a redirect's earlier connection
         with self._lock:
-            self._socket = sock
-            if self.expired:
-                _shut(sock)
+            self._socket = sock.dup()
+        if self.expired:
+            self.expire()
 
     def expire(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):  # closed: nothing left to wake
             self.expired = True
             if self._socket is not None:
-                _shut(self._socket)
+                self._socket.shutdown(socket.SHUT_RDWR)
 
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # already closed: nothing left to wake
-        sock.shutdown(socket.SHUT_RDWR)
+    def release(self) -> None:
+        with self._lock:
+            sock, self._socket = self._socket, None
+        if sock is not None:
+            sock.close()
 
 
 def _watched(base: type[http.client.HTTPConnection], watch: _Watch) -> Any:
-    """`base` whose TCP socket is handed to `watch` as soon as it exists (so the TLS
-    handshake is under the deadline too)."""
+    """`base` whose TCP socket `watch` holds as soon as it exists (its TLS handshake's too)."""
 
     class Watched(base):  # type: ignore[misc,valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
