@@ -30,9 +30,10 @@ from gateway.config.issues import (
     render_path,
     within,
 )
-from gateway.config.schema import GatewaySettings
+from gateway.config.schema import GatewaySettings, unserved_models
 from gateway.config.tenant_keys import merge_keys_file, no_key_is_an_admin_token
 from gateway.config.yaml_nodes import MAX_VALUES, TooLarge, to_python
+from gateway.logs import get_logger
 from gateway.plain_yaml import hidden_text
 from gateway.small_files import read_small_file
 
@@ -98,6 +99,13 @@ def load_config_text(
         no_key_is_an_admin_token(config, source)
     except ConfigError as exc:
         raise unquoted_error(exc, text, environ) from None
+    unserved = unserved_models(config)
+    if unserved:  # a typo, or a model taken off its backends: denied, never an error
+        get_logger("owngate.config").warning(
+            "tenants list models no backend serves: requests for them are refused",
+            config=source,
+            models=unserved,
+        )
     return config
 
 
