@@ -30,7 +30,7 @@ from gateway.config.issues import (
     render_path,
     within,
 )
-from gateway.config.schema import GatewaySettings, unserved_models
+from gateway.config.schema import GatewaySettings
 from gateway.config.tenant_keys import merge_keys_file, no_key_is_an_admin_token
 from gateway.config.yaml_nodes import MAX_VALUES, TooLarge, to_python
 from gateway.logs import get_logger
@@ -169,3 +169,15 @@ def _parse_config(text: str, *, source: str, env: Mapping[str, str]) -> GatewayS
     if converted:
         raise ConfigError(source, converted)
     return config
+
+
+def unserved_models(config: GatewaySettings) -> list[str]:
+    """`tenant: model` for each name a tenant's `models` lists that no backend serves
+    (nor names as an alias): requests for it are refused as for any unknown model."""
+    served = {n for b in config.backends for m in b.models for n in (m.name, *m.aliases)}
+    return [
+        f"{tenant.id}: {name}"
+        for tenant in config.tenants
+        for name in tenant.models
+        if name != "*" and name not in served
+    ]

@@ -73,7 +73,6 @@ __all__ = [
     "TenantSettings",
     "WeightSettings",
     "WitnessSettings",
-    "unserved_models",
 ]
 
 
@@ -357,22 +356,9 @@ class GatewaySettings(_Strict):
         _unique("backends", [b.id for b in self.backends])
         _unique("tenants", [t.id for t in self.tenants])
         _one_key_each(self.backends)
-        # A tenant's `models` naming what no backend serves is no error (`unserved_models`:
-        # a warning): refused, a reload taking a model off its backends failed while a
-        # tenant still listed it, and the model taken off kept being served.
+        # A tenant's `models` naming what no backend serves is a warning (loader.py):
+        # refused, a reload taking a model off its backends failed, and it kept being served.
         return self
-
-
-def unserved_models(config: GatewaySettings) -> list[str]:
-    """`tenant: model` for each name a tenant's `models` lists that no backend serves
-    (nor names as an alias): requests for it are refused as for any unknown model."""
-    served = {n for b in config.backends for m in b.models for n in (m.name, *m.aliases)}
-    return [
-        f"{tenant.id}: {name}"
-        for tenant in config.tenants
-        for name in tenant.models
-        if name != "*" and name not in served
-    ]
 
 
 def _one_key_each(backends: tuple[BackendSettings, ...]) -> None:
