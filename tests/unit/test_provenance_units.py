@@ -42,15 +42,13 @@ from gateway.provenance.formats.merkle import (
     verify_inclusion,
 )
 from gateway.provenance.formats.receipts import MAX_SIGNATURES
+from gateway.provenance.formats.records import TraceStep, dispatch_record, refusal_record
 from gateway.provenance.formats.tiles import index_path, tile_path, tile_widths
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.testing import (
     EXAMPLE_BACKEND,
     EXAMPLE_POLICY,
     CountingRandom,
-    TraceStep,
-    dispatch_record,
-    refusal_record,
     seeded_signer,
 )
 
