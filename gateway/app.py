@@ -34,6 +34,7 @@ from gateway.config.env_refs import unquoted
 from gateway.config.issues import ConfigError, ConfigIssue
 from gateway.config.loader import load_config_text
 from gateway.config.schema import GatewaySettings, StateSettings
+from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
 from gateway.routing.registry import BackendState, Registry, Route
@@ -111,7 +112,9 @@ def assemble(
     sockets = None if running is None else running.registry.sockets
     # With memory state, each worker of `serve --workers N` enforces its part of a limit
     parts = limit_copies(environ) if state.status().backend == "memory" else 1
-    registry, tenants, policies = checked_parts(config, environ, config_dir, clock, sockets, parts)
+    registry, tenants, policies = checked_parts(
+        config, environ, config_dir, clock, sockets, parts, reloading=running is not None
+    )
     if running is not None:
         _keep_unchanged_backends(registry, running.registry, config.limits == running.config.limits)
     scraper = MetricsScraper(
@@ -148,13 +151,26 @@ def checked_parts(
     clock: Callable[[], float],
     sockets: BackendSockets | None = None,
     parts: int = 1,
+    *,
+    reloading: bool = False,
 ) -> tuple[Registry, dict[str, TenantEntry], TrustPolicies]:
     """The backend registry, the tenant key index and the trust policies of `config`, or
     `AssemblyError` with every problem: backend key variables (private and hosted),
     tenant key hashes, every policy error (compiled against the configured backends),
-    tenant limits too small to split over `parts` workers (`unsplittable`), and a
-    tenant's share of a backend too small to split over this one's (`share_unsplittable`)."""
+    tenant limits too small to split over `parts` workers (`unsplittable`: refused at a
+    start; at a reload (`reloading`) a warning, and every worker refuses those tenants'
+    requests), and a tenant's share of a backend too small to split over this one's
+    (`share_unsplittable`)."""
     problems = unsplittable(((t.id, tenant_limits(t)) for t in config.tenants), parts)
+    if problems and reloading:
+        # A limit lowered past the workers (to throttle a tenant) failed the reload: the
+        # tenant kept its wider limit. Applied, no worker has a part of it, and each
+        # refuses the tenant's requests (429, `MemoryState._part`) until it is raised.
+        get_logger("owngate.config").warning(
+            "tenant limits below the workers: every worker refuses these tenants' requests",
+            problems=problems,
+        )
+        problems = []
     # Pools are each worker's own, whatever the state: each holds a tenant to its part
     workers = limit_copies(environ)
     problems += config_share_unsplittable(config, workers)

@@ -32,7 +32,15 @@ from gateway.keys_file import (
     try_keys_lock,
 )
 
-__all__ = ["Edit", "KeysChange", "adding", "removing", "staged_change", "take_back"]
+__all__ = [
+    "Edit",
+    "KeysChange",
+    "adding",
+    "removing",
+    "staged_change",
+    "take_back",
+    "unavailable",
+]
 
 _log = logging.getLogger("owngate.admin")
 _POLL_S: Final = 0.02

@@ -5,16 +5,17 @@ reloaded config holds it; a revocation says when the shared state did not take i
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from fastapi import APIRouter, Response
 
 from gateway.admin.control import Control, Security, act, reload_error
-from gateway.admin.key_changes import adding, removing, staged_change, take_back
+from gateway.admin.key_changes import adding, removing, staged_change, take_back, unavailable
 from gateway.admin.models import CreatedKey, KeyCreate, KeyList, KeyRevoked, KeyRow
 from gateway.api.runtime import Runtime
 from gateway.errors import ErrorCode, GatewayError
-from gateway.tenants import hash_api_key, new_api_key
+from gateway.tenants import hash_api_key, new_api_key, read_keys_file
 
 __all__ = ["router"]
 
@@ -96,11 +97,13 @@ async def revoke_key(
     runtime = control.runtime
     key_hash = "sha256:" + digest.removeprefix("sha256:")
     owners = [t.id for t in runtime.config.tenants if key_hash in t.api_key_hashes]
+    keys_file = _keys_file(runtime) if runtime.config.keys_file is not None else None
+    if not owners and keys_file is not None:
+        owners = await _dormant_owner(keys_file, key_hash)
     if not owners:
         raise GatewayError(ErrorCode.not_found, "no tenant has this key")
     change = {"tenant": owners[0], "hash": key_hash}
     # staged under the file's lock before the record: failing, a 503 with nothing done
-    keys_file = _keys_file(runtime) if runtime.config.keys_file is not None else None
     async with staged_change(keys_file, removing(key_hash)) as removal:
         # The record comes before the revocation (a revocation is never unrecorded), so
         # it says what the state will do: with Redis away, refuse here and queue it.
@@ -149,6 +152,18 @@ def _file_unchanged(exc: GatewayError, *, shared: bool, logged: int | None) -> G
         f"not be changed ({why}): it still lists the key, so a restart or a replica that "
         "reads the file accepts it. Retry to remove it from the file",
     )
+
+
+async def _dormant_owner(path: Path, key_hash: str) -> list[str]:
+    """The tenant the keys file lists `key_hash` under when gateway.yaml has no such
+    tenant (taken out of it: its digests authenticate no one, gateway/config/
+    tenant_keys.py), or none. Such a digest was 404 here, only `owngate keys revoke`
+    could remove it, and a tenant added again by that id was given it back."""
+    try:
+        stored = await asyncio.to_thread(read_keys_file, path)
+    except (OSError, ValueError) as exc:  # 503, nothing changed: not "no tenant has it"
+        raise unavailable(exc) from exc
+    return [tenant for tenant, hashes in stored.items() if key_hash in hashes][:1]
 
 
 def _keys_file(runtime: Runtime) -> Path:

@@ -33,6 +33,7 @@ from gateway.config.issues import (
 from gateway.config.schema import GatewaySettings
 from gateway.config.tenant_keys import merge_keys_file, no_key_is_an_admin_token
 from gateway.config.yaml_nodes import MAX_VALUES, TooLarge, to_python
+from gateway.logs import get_logger
 from gateway.plain_yaml import hidden_text
 from gateway.small_files import read_small_file
 
@@ -98,6 +99,13 @@ def load_config_text(
         no_key_is_an_admin_token(config, source)
     except ConfigError as exc:
         raise unquoted_error(exc, text, environ) from None
+    unserved = unserved_models(config)
+    if unserved:  # a typo, or a model taken off its backends: denied, never an error
+        get_logger("owngate.config").warning(
+            "tenants list models no backend serves: requests for them are refused",
+            config=source,
+            models=unserved,
+        )
     return config
 
 
@@ -161,3 +169,15 @@ def _parse_config(text: str, *, source: str, env: Mapping[str, str]) -> GatewayS
     if converted:
         raise ConfigError(source, converted)
     return config
+
+
+def unserved_models(config: GatewaySettings) -> list[str]:
+    """`tenant: model` for each name a tenant's `models` lists that no backend serves
+    (nor names as an alias): requests for it are refused as for any unknown model."""
+    served = {n for b in config.backends for m in b.models for n in (m.name, *m.aliases)}
+    return [
+        f"{tenant.id}: {name}"
+        for tenant in config.tenants
+        for name in tenant.models
+        if name != "*" and name not in served
+    ]

@@ -15,6 +15,7 @@ from gateway.provenance import Checkpoint, sign_checkpoint
 from gateway.provenance.keys import write_signing_key
 from gateway.provenance.testing import seeded_signer
 from gateway.tenants import hash_api_key
+from tests.helpers.log_capture import rendered_logs
 from tests.helpers.paths import REPO_ROOT
 
 OWNGATE = [sys.executable, "-m", "gateway"]
@@ -104,7 +105,6 @@ def test_env_default_syntax() -> None:
         (("port: 9000", "port: 99999"), "listen.port: Input should be less than or equal"),
         (("http://127.0.0.1:8001/", "ftp://x"), "backends[0].base_url: base_url must be"),
         (("- id: openai", "- id: gpu-a"), "duplicate backends id 'gpu-a'"),
-        (("models: [chat]", "models: [nope]"), "allows model 'nope', which no backend"),
         (("api_key_env: OPENAI_API_KEY", "api_key: sk-plain"), "never from the config file"),
         (
             ("    region: us\n", "    region: us\n    region: eu\n"),
@@ -115,6 +115,24 @@ def test_env_default_syntax() -> None:
 def test_semantic_errors(edit: tuple[str, str], expected: str) -> None:
     issues = _issues(VALID.replace(*edit), {"ACME_KEY_HASH": hash_api_key("k")})
     assert any(expected in issue for issue in issues), issues
+
+
+def test_a_tenant_listing_a_model_no_backend_serves_loads_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A tenant's `models` naming what no backend serves (a typo, or a model taken off
+    its backends) denies the tenant nothing it had: it is a warning naming it, escaped,
+    never an error, or a reload taking a model off its backends failed and the model
+    went on being served (tests/integration/test_reload_tenants.py)."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(VALID.replace("models: [chat]", 'models: [chat, "gone\\x1b[2J"]'))
+    with rendered_logs("console", "warning") as logs:
+        config = load_config(path, env={"ACME_KEY_HASH": hash_api_key("k")})
+    assert config.tenants[0].models == ("chat", "gone\x1b[2J")
+    text = logs.getvalue()
+    assert "tenants list models no backend serves" in text
+    assert "acme: gone" in text and "x1b[2J" in text
+    assert [c for c in text if not c.isprintable() and c != "\n"] == []
 
 
 def test_raw_keys_are_refused_in_place_of_hashes() -> None:

@@ -190,3 +190,40 @@ def test_a_tenant_taken_out_of_the_config_loses_the_keys_its_keys_file_still_lis
         assert reloader.last_error is None
     finally:
         server.stop()
+
+
+def test_a_model_taken_off_its_backend_is_no_longer_served_though_a_tenant_lists_it(
+    start_sim: Callable[..., Sim], tmp_path: Path
+) -> None:
+    """An operator stops serving model `n` by taking it off the backend's `models`; tenant
+    `acme` still lists it under `models:`. A tenant listing a model no backend serves was
+    a config error: the reload failed, the running config was kept, and `n` went on
+    being served (and the next start failed). Now the name is refused as any unknown
+    model is (a warning names it) and the reload takes effect."""
+    sim = start_sim("vllm", models=("m", "n"), zero_latency=True)
+    path = tmp_path / "gateway.yaml"
+    tenant = {**ACME, "models": ["m", "n"]}
+    write_config(path, sim.url, [tenant])
+    app = create_app(load_config(path), environ={}, config_dir=tmp_path, config_file=path)
+    server = ServerThread(app).start()
+    url = f"http://{server.host}:{server.port}/v1/chat/completions"
+
+    def status(model: str) -> int:
+        body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        headers = {"authorization": f"Bearer {TENANT_KEY}"}
+        return httpx.post(url, json=body, headers=headers, timeout=30).status_code
+
+    try:
+        assert (status("m"), status("n")) == (200, 200)
+        arrival = app.parts
+        narrowed = yaml.safe_load(path.read_text())
+        narrowed["backends"][0]["models"] = [{"name": "m"}]  # `n` taken off; acme lists it
+        path.with_suffix(".tmp").write_text(yaml.safe_dump(narrowed))
+        path.with_suffix(".tmp").replace(path)
+        reloader = app.reloader
+        assert reloader is not None
+        until(lambda: app.parts is not arrival or reloader.reload_failures > 0, "the reload")
+        assert reloader.last_error is None
+        assert (status("m"), status("n")) == (200, 404)
+    finally:
+        server.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -40,9 +42,15 @@ from gateway.provenance.formats.merkle import (
     verify_inclusion,
 )
 from gateway.provenance.formats.receipts import MAX_SIGNATURES
+from gateway.provenance.formats.records import TraceStep, dispatch_record, refusal_record
 from gateway.provenance.formats.tiles import index_path, tile_path, tile_widths
 from gateway.provenance.formats.tree import TiledTree
-from gateway.provenance.testing import EXAMPLE_POLICY, CountingRandom, seeded_signer
+from gateway.provenance.testing import (
+    EXAMPLE_BACKEND,
+    EXAMPLE_POLICY,
+    CountingRandom,
+    seeded_signer,
+)
 
 LEAVES = [leaf_hash(b"entry %d" % i) for i in range(300)]
 
@@ -170,6 +178,50 @@ def test_records_reject_unknown_fields_and_bad_types() -> None:
         parse_record(canonical_json({k: v for k, v in good.items() if k != "reason"}))
     with pytest.raises(RecordError, match="not JSON"):
         parse_record(b"\xff")
+
+
+@pytest.mark.parametrize("kind", ["dispatch", "refusal"])
+def test_a_records_blind_is_optional_and_64_lowercase_hex(kind: str) -> None:
+    """`blind` (32 random bytes no receipt gives) is read in records with and without it;
+    anything but 64 lowercase hex digits (base64 of the bytes, upper case, another
+    length, a number, null, a list) is an invalid record, its value never quoted."""
+    made = (dispatch_record if kind == "dispatch" else refusal_record)(
+        **_BLINDED[kind], blind="0f" * 32
+    )
+    assert parse_record(canonical_json(made)).data["blind"] == "0f" * 32
+    without = {k: v for k, v in made.items() if k != "blind"}
+    assert "blind" not in parse_record(canonical_json(without)).data
+    spelled = base64.b64encode(bytes(32)).decode()
+    for bad in [spelled, "0F" * 32, "0f" * 31, "0f" * 33, "0f" * 32 + "\n", 5, None, ["0f" * 32]]:
+        with pytest.raises(RecordError, match="field 'blind' has an invalid value") as refused:
+            parse_record(canonical_json({**made, "blind": bad}))
+        assert str(bad) not in str(refused.value)
+
+
+_BLINDED: dict[str, dict[str, Any]] = {
+    "dispatch": {
+        "request_id": "req_0123456789abcdef01234567",
+        "time": datetime(2026, 1, 1, tzinfo=UTC),
+        "tenant": "t",
+        "model": "m",
+        "policy": EXAMPLE_POLICY,
+        "trace": [TraceStep(EXAMPLE_BACKEND.id, "admitted", "r")],
+        "backend": EXAMPLE_BACKEND,
+        "fallback_reason": None,
+        "request_commitment": "ab" * 32,
+    },
+    "refusal": {
+        "request_id": "req_0123456789abcdef01234567",
+        "time": datetime(2026, 1, 1, tzinfo=UTC),
+        "tenant": "t",
+        "model": "m",
+        "policy": EXAMPLE_POLICY,
+        "trace": [],
+        "rule": "x",
+        "reason": "y",
+        "request_commitment": None,
+    },
+}
 
 
 def _receipt() -> Receipt:

@@ -25,10 +25,12 @@ from gateway.state import (
     limit_part,
     unsplittable,
 )
+from gateway.tenants import tenant_limits
 from gateway.validation import validate
 from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.clock import FakeClock
 from tests.helpers.gateways import backend, gateway_config
+from tests.helpers.log_capture import rendered_logs
 
 
 def _workers(n: int) -> tuple[FakeClock, list[MemoryState]]:
@@ -184,8 +186,8 @@ def test_unsplittable_names_the_tenant_the_limit_and_the_fix() -> None:
 
 
 def test_a_worker_refuses_a_config_whose_limit_it_cannot_split(tmp_path: Path) -> None:
-    """At a worker's start and at each reload (`assemble` with the running assembly):
-    one tenant's `concurrent_requests: 1` under 2 workers refuses the config."""
+    """At a worker's start one tenant's `concurrent_requests: 1` under 2 workers refuses
+    the config (a typo guard: nothing serves)."""
     environ = {**_WORKER, WORKERS_ENV: "2", INDEX_ENV: "2"}
     config = _config({"concurrent_requests": 1})
     with pytest.raises(AssemblyError) as refused:
@@ -193,11 +195,35 @@ def test_a_worker_refuses_a_config_whose_limit_it_cannot_split(tmp_path: Path) -
     assert any(
         "concurrent_requests 1 is less than the 2 workers" in p for p in refused.value.problems
     )
-    running = assemble(_config({"concurrent_requests": 2}), environ, config_dir=tmp_path)
-    with pytest.raises(AssemblyError):
-        assemble(config, environ, config_dir=tmp_path, running=running)
     # one process, or Redis (shared whole limits): nothing to split
     assemble(config, {}, config_dir=tmp_path)
+
+
+@pytest.mark.parametrize("index", ["1", "2"])
+def test_a_reload_lowering_a_limit_below_the_workers_refuses_the_tenant(
+    tmp_path: Path, index: str
+) -> None:
+    """An operator throttles a tenant under `serve --workers 2` by lowering its
+    `requests_per_minute` to 1. Refused at the reload (no split holds it), the reload
+    failed and the tenant kept its wider limit, 1,000 a minute. Now the reload applies,
+    a warning names the tenant, and every worker refuses its requests (429, limit 0)
+    until the limit is raised; a worker's start still refuses such a config."""
+    environ = {**_WORKER, WORKERS_ENV: "2", INDEX_ENV: index}
+    running = assemble(_config({"requests_per_minute": 1000}), environ, config_dir=tmp_path)
+    with rendered_logs("json", "warning") as logs:
+        parts = assemble(
+            _config({"requests_per_minute": 1}), environ, config_dir=tmp_path, running=running
+        )
+    assert "requests_per_minute 1 is less than the 2 workers" in logs.getvalue()
+    acme = tenant_limits(parts.config.tenants[0])
+    assert acme.requests_per_minute == 1
+
+    async def admitted() -> None:
+        await parts.state.acquire("acme", acme)
+
+    with pytest.raises(RateLimited) as refused:
+        asyncio.run(admitted())
+    assert refused.value.value == 0
 
 
 def test_config_check_with_workers_refuses_an_unsplittable_limit(tmp_path: Path) -> None:
