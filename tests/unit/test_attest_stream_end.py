@@ -69,8 +69,8 @@ def _read_as_lines(stream: bytes) -> bytes:
     return (b"\n" if unended else b"") + (b"id\n" if ids else b"")
 
 
-PIECES = (b"id", b"id:", b"idx:", b"i", b"d", b":", b"\r", b"\n", b"\r\n", b"\xef\xbb\xbf")
-PIECES += (b"data: ", b'{"id":1}', b"x" * 9, b"data: [DONE]\n\n")
+PIECES: tuple[bytes, ...] = (b"id", b"id:", b"idx:", b"i", b"d", b":", b"\r", b"\n", b"\r\n")
+PIECES += (b"\xef\xbb\xbf", b"data: ", b'{"id":1}', b"x" * 9, b"data: [DONE]\n\n")
 
 
 def test_random_streams_cut_at_random_get_what_their_lines_call_for() -> None:
