@@ -31,7 +31,9 @@ or longer is read as any event, `read_json`); a paced server's one-line read
 by line. A value that is the last parsed chunk's but for a plain content string (no
 quote, backslash or control character: `_learn`) is that document, not parsed again.
 The unfinished event is kept only up to `max_event` bytes (64 KiB: comments and
-all): a longer event is not read.
+all): a longer event is not read, but searched for `id` lines (gateway/sse_ids.py), which
+the SDK keeps (`keeps_id`: before, an id in such an event went unseen, so the gateway
+wrote no empty `id` line and the SDK raised at its receipt line).
 Where the SDK raises (it reads no further), the reader stops: the usage is what the SDK
 showed before. It raises at a line that is not UTF-8 (its decoder's `bytes.decode`: a
 read that is all ASCII, the usual one, costs one `isascii`; any other is checked as it
@@ -58,6 +60,7 @@ import orjson
 from gateway.api.sse_data import MAX_EVENT, may_show_usage, not_json, retry_integer
 from gateway.api.sse_framing import BLANK, LF, last_event_end, past_blank
 from gateway.api.usage_read import MAX_DEPTH, PastBounds, counts_in, read_json
+from gateway.sse_ids import IdLines
 
 __all__ = ["EventReader"]
 
@@ -94,6 +97,10 @@ class EventReader:
         self._before_over: tuple[dict[str, int] | None, bool] = (None, False)
         self._tail = b""  # a UTF-8 character's first bytes, its rest in the next read
         self._id = False  # the SDK's last event id is set: a blank line dispatches
+        # an event let go unread (`_over`) had an `id` line, with no later `id` line read:
+        # the SDK may keep an id (`keeps_id`); its `_ids` (gateway/sse_ids.py)
+        self._maybe_id = False
+        self._ids = IdLines()
         # the bytes read so far end with a CR, maybe a CRLF's first half: an LF starting
         # the next read ends no line (the SDK's `_skip_lf`), it is no blank line
         self._skip_lf = False
@@ -159,16 +166,20 @@ class EventReader:
         if self._over:  # the rest of an event let go: to its blank line
             found = BLANK.search(buffer)
             if found is None:
+                self._let_go(data)
                 self._raw = buffer[-1:]  # a line end, with the next read's, is a blank line
                 return
             self._over = False
-            buffer = buffer[past_blank(buffer, found.start()) :]
+            end = past_blank(buffer, found.start())
+            self._let_go(buffer[len(buffer) - len(data) : end])
+            buffer = buffer[end:]
         cut = last_event_end(buffer)
         if cut:
             self._whole(buffer[:cut])
         rest = buffer[cut:]
         if len(rest) > self._max_event:  # let go unread: the usage it may hold is unknown
-            self._raw, self._over = rest[-1:], True
+            self._raw, self._over, self._ids = rest[-1:], True, IdLines()
+            self._let_go(rest)
             self._before_over = self.usage, self.unknown
             self.usage, self.unknown = None, True
         else:
@@ -181,7 +192,12 @@ class EventReader:
         """Whether the SDK reads on holding an event id, so that a blank line, even one
         after a whole event (the gateway's receipt line ends with one), dispatches an
         event without data, whose `json()` of "" raises."""
-        return self._id and not self.stopped
+        return (self._id or self._maybe_id) and not self.stopped
+
+    def _let_go(self, data: bytes) -> None:
+        """`data` is of an event let go unread: an `id` line in it may set the SDK's id."""
+        self._ids.feed(data)
+        self._maybe_id = self._maybe_id or self._ids.seen
 
     def finish(self) -> None:
         """The stream ended: its last event, if unfinished, is dispatched (the gateway's
@@ -307,7 +323,7 @@ class EventReader:
                     event = value
                 elif name == b"id":
                     if b"\0" not in value:  # (the SDK keeps the last id, never resets it)
-                        self._id = bool(value)
+                        self._id, self._maybe_id = bool(value), False
                 elif name == b"retry":
                     retry = retry or retry_integer(value)
         if dispatch:

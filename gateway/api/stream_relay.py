@@ -154,7 +154,7 @@ class StreamRelay:
             flushed = watch.feed(comments.flush())
             last = await _relay_chunk(send, exchange, flushed, watch, tail) or last
             last = await _relay_chunk(send, exchange, watch.flush(), watch, tail) or last
-            if tail is None and watch.events.keeps_id:
+            if watch.events.keeps_id and _unsigned(tail):
                 last = await _relay_chunk(send, exchange, _id_reset(last, watch), watch, tail)
             _sent(exchange, watch, tail)  # (what the write buffer held may be out now)
             watch.end()  # the receipt line ends the client's last event
@@ -249,6 +249,16 @@ def _id_reset(last: bytes, watch: StreamWatch) -> bytes:
     reset = (b"\n" if _open(last) else b"") + b"id\n"
     watch.events.feed(reset)
     return reset
+
+
+def _unsigned(tail: SseTail | None) -> bool:
+    """Whether no countersignature can cover the stream, so that the gateway may write
+    bytes of its own into it (`_id_reset`): not an attested backend's, or one that came
+    with no countersignature comment (an old sidecar, one that failed, none at all) or
+    one that is not a well-framed last line (`b"-"`, never accepted). A comment that may
+    be accepted covers the sidecar's bytes only: its `id` line is the sidecar's to write
+    (gateway/attest/stream_end.py)."""
+    return tail is None or tail.countersignature in (None, b"-")
 
 
 def _open(last: bytes) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from gateway.provenance import write_signing_key
 from tests.helpers.attest import start_sidecar
 from tests.helpers.audit_rig import (
     ASKS_USAGE,
@@ -96,3 +97,43 @@ def test_an_attested_stream_with_event_ids_is_read_whole_by_the_sdk(
         assert completion["attestation"]["failure"] is None, completion["attestation"]
     finally:
         sidecar.process.kill()
+
+
+# A backend named as attested whose answers arrive with no countersignature comment (an
+# old sidecar, one that failed, or none at all): nothing countersigned covers the stream,
+# so the gateway writes its own `id` line, as for an unattested backend.
+UNSIGNED: dict[str, tuple[bytes, ...]] = {
+    "no-comment": STREAMS["ids"],
+    "no-comment-last-event-open": STREAMS["ids-last-event-open"],
+    # a comment that is not a well-framed last line: never accepted either
+    "comment-mid-stream": (
+        b"id: 1\n" + TOKEN + b"\n\n: owngate-attest AAAA\n",
+        b"id: 2\n" + USAGE + b"\n\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UNSIGNED))
+def test_an_attested_stream_with_ids_that_came_without_a_countersignature_is_read_whole(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    name: str,
+) -> None:
+    """Before, the gateway wrote its `id` line only on an unattested backend's stream: one
+    from a backend named as attested that came without a countersignature made the SDK
+    raise at the receipt line's blank line, at the end of an answer it had read whole."""
+    raw = start_raw(writes(*chunked(*UNSIGNED[name])))
+    sidecar_key = write_signing_key(tmp_path / "sidecar.key", "gpu-a")  # never used
+    attested = backend("gpu", raw.url, "m", attest={"key": sidecar_key})
+    gateway, vkey = logged(start_gateway, tmp_path, [attested])
+    shown, raised = _sdk_reads(gateway)
+    assert raised is None, raised
+    assert [u for u in shown if u is not None] == [COUNTS]
+    received = client_gets(gateway, ASKS_USAGE)
+    assert received.status == 200
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
+    completion = request_log(tmp_path / "log", vkey, received.headers["x-request-id"])[-1]
+    assert completion["status"] == 200 and completion.get("stream_error") is None
+    assert completion["usage"] == COUNTS
+    assert completion["attestation"]["failure"] is not None, completion["attestation"]

@@ -110,3 +110,36 @@ def test_a_stream_without_ids_or_ending_at_done_gets_no_id_line(
     assert received.body.startswith(b"".join(events) + b": owngate-receipt ")
     assert_logged_as_received(received, gateway, tmp_path / "log", vkey)
     assert _sdk_reads(gateway, ASKS_USAGE)[1] is None
+
+
+# An event past the 64 KiB the gateway's reader keeps of an unfinished event
+# (gateway/api/sse_data.py `MAX_EVENT`), cut across reads: its `id` line comes first.
+LONG = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"' + b"a" * 1_000_000 + b'"}}]}'
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        (b"id: 1\n" + LONG[:400_000], LONG[400_000:] + b"\n\n", USAGE + b"\n\n"),
+        (LONG[:400_000], LONG[400_000:] + b"\nid: 9\n\n", USAGE + b"\n\n"),
+        (LONG[:999_000], LONG[999_000:] + b"\ni", b"d: 9\n\n", USAGE + b"\n\n"),
+    ],
+    ids=["id-before", "id-after", "id-cut-across-reads"],
+)
+def test_an_id_in_an_event_too_long_to_read_still_gets_the_id_line(
+    start_raw: Callable[[Answer], RawBackend],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    events: tuple[bytes, ...],
+) -> None:
+    """The gateway's reader lets go of an unfinished event past 64 KiB unread, and with it
+    an `id` line in it: the SDK kept that id, and raised at the receipt line's blank line
+    at the end of an answer it had read whole."""
+    raw = start_raw(writes(*chunked(*events)))
+    gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
+    shown, raised = _sdk_reads(gateway, ASKS_USAGE)
+    assert raised is None, raised
+    assert [u for u in shown if u is not None] == [COUNTS]
+    received = client_gets(gateway, ASKS_USAGE)
+    assert received.status == 200
+    assert_logged_as_received(received, gateway, tmp_path / "log", vkey)

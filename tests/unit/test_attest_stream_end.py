@@ -5,6 +5,9 @@ into reads (the answer must not depend on where the backend's writes fell)."""
 
 from __future__ import annotations
 
+import random
+import re
+
 import pytest
 
 from gateway.attest.stream_end import StreamEnd
@@ -52,3 +55,32 @@ def test_nothing_relayed_needs_nothing_after_it() -> None:
     end = StreamEnd()
     end.feed(b"")
     assert end.after() == b""
+
+
+def _read_as_lines(stream: bytes) -> bytes:
+    """What follows `stream`, from its lines as the SDK splits them (LF, CRLF, bare CR)."""
+    lines = re.split(rb"\r\n|\r|\n", stream)
+    ids = any(
+        line.removeprefix(b"\xef\xbb\xbf") == b"id"
+        or line.removeprefix(b"\xef\xbb\xbf").startswith(b"id:")
+        for line in lines
+    )
+    unended = stream[-1:] not in (b"", b"\n", b"\r")
+    return (b"\n" if unended else b"") + (b"id\n" if ids else b"")
+
+
+PIECES: tuple[bytes, ...] = (b"id", b"id:", b"idx:", b"i", b"d", b":", b"\r", b"\n", b"\r\n")
+PIECES += (b"\xef\xbb\xbf", b"data: ", b'{"id":1}', b"x" * 9, b"data: [DONE]\n\n")
+
+
+def test_random_streams_cut_at_random_get_what_their_lines_call_for() -> None:
+    """Against the rule read line by line: any piece order, any cuts (seeded)."""
+    rng = random.Random(20261207)
+    for _ in range(20_000):
+        stream = b"".join(rng.choice(PIECES) for _ in range(rng.randint(0, 10)))
+        cuts = sorted(rng.sample(range(len(stream) + 1), min(len(stream) + 1, rng.randint(0, 5))))
+        end, start = StreamEnd(), 0
+        for cut in [*cuts, len(stream)]:
+            end.feed(stream[start:cut])
+            start = cut
+        assert end.after() == _read_as_lines(stream), (stream, cuts)
