@@ -1,34 +1,31 @@
 """Reloading gateway.yaml in a running gateway, without dropping a connection.
 
-SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes
-and sizes, once a change has held still for a whole poll interval) loads the file again
-through the same strict loader as startup; a backend whose CA or client certificate file
-changed on disk is rebuilt even when gateway.yaml did not change. A file that fails
-validation, or whose trust policies no longer compile against its backends, leaves the
-running config untouched: the failure
-is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
-detail, as a failed policy reload is. A valid file is assembled completely by the
-composition root's `assemble` (backend registry and TLS contexts, tenant keys, trust
-policies, scraper, proxy) on a worker thread, as it is read and parsed there, and swapped
-in whole by the app's `install` on the event loop: the reloader gets both as callables
-and knows nothing of the app. A request is decided and routed by the parts active once
-its body is read, and finishes on them (each further attempt also checked against the
-new config's policies, `TrustPolicies.successor`, and skipped when the new config moved
-its backend or changed its TLS trust, `Registry.successor`; a policy change the running set loaded
-while the new config was being built is read again before the swap, never undone: if that
-read fails, nothing is installed, and what assembling adjusted in the running backends is
-put back); the
-connections of a removed or changed backend close once the requests that were running at
-the swap are done (bounded by `limits.drain_timeout_s`; past it, one still running opens
-no new connection on them: `HttpPool.close`); those of a backend whose TLS changed take
-the new TLS settings at once, also those of its pools from older configs
+SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes and
+sizes, once a change has held still for a whole poll interval) loads the file again through
+the same strict loader as startup; a backend whose CA or client certificate file changed on
+disk is rebuilt even when gateway.yaml did not change. A file that fails validation, or
+whose trust policies no longer compile against its backends, leaves the running config
+untouched: the failure is logged, counted (`owngate_config_reload_failures_total`) and shown
+in the readiness detail, as a failed policy reload is. A valid file is assembled completely
+by the composition root's `assemble` (backend registry and TLS contexts, tenant keys, trust
+policies, scraper, proxy) on a worker thread, as it is read and parsed there, and swapped in
+whole by the app's `install` on the event loop: the reloader gets both as callables and
+knows nothing of the app. A request is decided and routed by the parts active once its body
+is read, and finishes on them (each further attempt also checked against the new config's
+policies, `TrustPolicies.successor`, and skipped when the new config moved its backend or
+changed its TLS trust, `Registry.successor`; a policy change the running set loaded while
+the new config was being built is read again before the swap, never undone: if that read
+fails, nothing is installed, and what assembling adjusted in the running backends is put
+back); the connections of a removed or changed backend close once the requests that were
+running at the swap are done (bounded by `limits.drain_timeout_s`; past it, one still
+running opens no new connection on them: `HttpPool.close`); those of a backend whose TLS
+changed take the new TLS settings at once, also those of its pools from older configs
 (`Registry.hand_over_tls`: no connection a new CA file refuses is opened or reused for a
-request that was running). Unchanged backends keep their
-connection pools, in-flight counts and health. Settings only a restart can change
-(`listen`, `provenance`, `state`, `logging`, and `admin.listen`, `admin.sample_interval_s`,
-`admin.history_s`) keep their running values, the log says "needs restart", and
-`status()` lists them (`needs_restart`: `state.revocations_file`, say) until a file
-that no longer changes them is read.
+request that was running). Unchanged backends keep their connection pools, in-flight counts
+and health. Settings only a restart can change (`listen`, `provenance`, `state`, `logging`,
+and `admin.listen`, `admin.sample_interval_s`, `admin.history_s`) keep their running values,
+the log says "needs restart", and `status()` lists them (`needs_restart`:
+`state.revocations_file`, say) until a file that no longer changes them is read.
 """
 
 from __future__ import annotations
@@ -71,6 +68,7 @@ _MTIME_SLACK_S = 2.0
 # at the first retry, and one that lasts (a keys file missing, a directory, too large, not
 # permitted) is not re-read, parsed and logged every other second for as long as it lasts.
 _UNREADABLE_MAX_DOUBLINGS = 6
+_TORN = "the config file changed while it was read; read again once it holds still"
 
 
 class ConfigReloader:
@@ -198,11 +196,11 @@ class ConfigReloader:
         failing. True if a changed config became active."""
         stamp = self._fingerprint()
         if self._settling.settled(stamp, self._stamp):
-            return await self.reload()
+            return await self.reload(seen=stamp)
         if self._retry_in is not None and stamp == self._stamp:  # unchanged, unreadable
             self._retry_in -= 1
             if self._retry_in <= 0:
-                return await self.reload()
+                return await self.reload(seen=stamp)
         return False
 
     def trigger(self) -> None:
@@ -226,20 +224,26 @@ class ConfigReloader:
                 # new stamp (taken before) kept the poll from trying it again: unseen
                 self._failed(f"unexpected error: {type(exc).__name__}", exc)
 
-    async def reload(self) -> bool:
+    async def reload(self, *, seen: tuple[object, ...] | None = None) -> bool:
         """Load the file again (and the policy files); True if a changed config, or an
-        unchanged config's changed policy set, became active."""
+        unchanged config's changed policy set, became active; `seen`: the look's stamp."""
         async with self._lock:
+            if seen is not None and self._fingerprint() != seen:  # left to the next looks
+                return False
             return await self._reload()
 
     async def _reload(self) -> bool:
         running = self._current()
-        self._stamp = self._fingerprint()
+        self._stamp = before = self._fingerprint()
         self._retry_in = None
         try:
             # Off the event loop: a keys file of 20,000 keys takes seconds to parse, and
             # every stream in flight would stall for them. The lock keeps reloads in order.
             fresh = await asyncio.to_thread(self._load)
+            if self._fingerprint()[:-1] != before[:-1]:
+                # Caught being written (a SIGHUP does not wait): cut short, maybe valid and
+                # weaker (no `policy:`: the built-in). Loaded once it holds still (`_TORN`).
+                return self._failed(_TORN, ValueError(_TORN))
         except ConfigError as exc:
             # Not what the file says but whether it could be read (out of file descriptors
             # under load, say): read again though it did not change, or a key revoked in
