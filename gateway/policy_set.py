@@ -130,8 +130,11 @@ class TrustPolicies:
         change it missed, files changed while read) leaves it stale: before, it turned
         ready on its older set while its siblings held the change it missed. One
         process keeps serving its last good set, as it always did: there is no sibling
-        to disagree with."""
-        return self.among_workers and self._behind
+        to disagree with. And any process whose first read (at start, or a worker the
+        supervisor restarted) found the files changing while it read them: cut short, they
+        may parse as a weaker set, and there is no last good set to serve instead; until
+        a read finds them whole (the watcher's, once they hold still)."""
+        return (self.among_workers and self._behind) or not self.read_whole
 
     @property
     def read_failed(self) -> bool:

@@ -309,3 +309,36 @@ def test_a_look_never_loads_a_file_rewritten_after_it_held_still(
     assert [trust.poll() for _ in range(2)] == [False, True]
     assert trust.current.compiled("p").version == "3"
     assert trust.current.decide("acme", "m", "phi").fallback == "never"
+
+
+def test_a_set_read_at_start_while_a_file_was_written_is_not_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve` (or a worker the supervisor restarted) read the files while an editor was
+    writing one: the set it compiled (the class cut before its `fallback: never`) was
+    served until the watcher's first settled look. It is `stale` instead (requests 503,
+    not ready, `owngate_policy_stale`) until a read finds the files whole."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1"), 1_000_000_000)  # caught half written
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    real = gateway.policy.loader.load_policies
+
+    def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
+        read = real(*args, **kwargs)
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        return read
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
+    trust = TrustPolicies(config, tmp_path)
+    monkeypatch.setattr(gateway.policy_set, "load_policies", real)
+    assert trust.stale, "a policy set read while a file was being written was served"
+    assert not trust.poll()
+    assert trust.stale
+    assert trust.poll()  # held still: read whole
+    assert not trust.stale
+    assert trust.current.decide("acme", "m", "phi").fallback == "never"
