@@ -46,13 +46,13 @@ from gateway.api.reload_pins import (
     restart_pending,
 )
 from gateway.config.env_refs import unquoted
-from gateway.config.issues import ConfigError
+from gateway.config.issues import ConfigError, ConfigIssue
 from gateway.config.loader import load_config_file
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import UNLISTED, policy_stamps
-from gateway.settling import Settling
+from gateway.settling import Settling, written_since
 from gateway.upstream.litellm_runtime import preload_litellm
 
 if TYPE_CHECKING:
@@ -68,7 +68,6 @@ _MTIME_SLACK_S = 2.0
 # at the first retry, and one that lasts (a keys file missing, a directory, too large, not
 # permitted) is not re-read, parsed and logged every other second for as long as it lasts.
 _UNREADABLE_MAX_DOUBLINGS = 6
-_TORN = "the config file changed while it was read; read again once it holds still"
 
 
 class ConfigReloader:
@@ -115,11 +114,10 @@ class ConfigReloader:
         self._text = ""  # the config file's text the last reload read (`_failed`)
         self.loaded_at = clock()
         # No file's stamp: the running config was read before this watcher existed (by
-        # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
-        # so the first settled look reloads, and keeps it only if the file says otherwise;
-        # unless every file was last written well before `read_at` (`clock` time when
-        # the reading began): then what was read is what they hold, and a second parse
-        # (seconds for a large keys file, beside the first requests) would change nothing.
+        # `serve`, maybe mid-edit), so the first settled look reloads, and keeps it only if
+        # the file says otherwise; unless every file was last written well before `read_at`
+        # (when the reading began): a second parse (seconds for a large keys file, beside
+        # the first requests) would change nothing. One written since is not served meanwhile.
         self._retry_paths: tuple[Path, ...] = ()  # a refused config's policy and TLS files
         self._stamp: tuple[object, ...] = ()
         self._settling = Settling()
@@ -127,14 +125,16 @@ class ConfigReloader:
         self._retry_in: int | None = None  # looks left before an unreadable file is retried
         if read_at is not None and self._unchanged_since(read_at - _MTIME_SLACK_S):
             self._stamp = self._fingerprint()
+        self._unsettled = read_at is not None and written_since(self._files(), read_at)
 
     @property
     def stale(self) -> bool:
         """A worker of `serve --workers N` a read of whose files failed (unreadable) since
         the last that succeeded: its config (a key revoked?) may be older than its
         siblings'. It refuses requests and is not ready until a read succeeds, retried at
-        every look (`TenantAuth.refuse_if_stale`). One process: never."""
-        return self.among_workers and self._behind
+        every look (`TenantAuth.refuse_if_stale`). And any process whose files were written
+        since its reading began (maybe cut short) until a settled look reads them."""
+        return (self.among_workers and self._behind) or self._unsettled
 
     def _files(self) -> list[Path]:
         files = [self.path]
@@ -241,9 +241,9 @@ class ConfigReloader:
             # every stream in flight would stall for them. The lock keeps reloads in order.
             fresh = await asyncio.to_thread(self._load)
             if self._fingerprint()[:-1] != before[:-1]:
-                # Caught being written (a SIGHUP does not wait): cut short, maybe valid and
-                # weaker (no `policy:`: the built-in). Loaded once it holds still (`_TORN`).
-                return self._failed(_TORN, ValueError(_TORN))
+                # Caught being written (a SIGHUP does not wait): cut short, maybe weaker
+                why = "changed while it was read; read again once it holds still"
+                raise ConfigError(str(self.path), [ConfigIssue("", None, why)])
         except ConfigError as exc:
             # Not what the file says but whether it could be read (out of file descriptors
             # under load, say): read again though it did not change, or a key revoked in
@@ -355,7 +355,7 @@ class ConfigReloader:
         return self._prepare(config)
 
     def _succeeded(self) -> None:
-        self._behind = False
+        self._behind = self._unsettled = False
         if self._retry_paths:  # the policy files of the refused config no longer matter
             self._retry_paths = ()
             self._stamp = (*self._stamp[:-1], ())

@@ -154,3 +154,32 @@ def test_a_look_never_reads_a_file_edited_again_while_it_waited_for_a_reload(
     assert not asyncio.run(scenario())
     assert app.parts.config.policy is not None, "a config file caught half written was installed"
     assert app.policies.latest().decide("acme", "m", None).private == ()
+
+
+def test_a_config_read_at_start_while_it_was_written_is_not_served(tmp_path: Path) -> None:
+    """`serve` (or a worker the supervisor restarted) read gateway.yaml while an editor
+    was writing it: cut before `policy:`, it ran under the built-in policy (gpu admitted,
+    which the policy files deny) until the first settled look reloaded it. It refuses
+    requests (`stale`: 503, not ready) until that look has read the file whole."""
+    import time
+
+    app, path, text = _rig(tmp_path)  # only its files: the gateway below is started anew
+    write(path, text.removesuffix(POLICY_SECTION), 1_000_000_000)
+    read_at = time.time()  # `serve` begins reading: the file cut short
+    torn = load_config(path)
+    write(path, text, int(read_at * 1e9) + 1)  # the editor finishes, after the read began
+    app = create_app(
+        torn, environ={}, config_dir=tmp_path, config_file=path, config_read_at=read_at
+    )
+    assert app.parts.config.policy is None  # what was read: the built-in policy
+    reloader = app.reloader
+    assert reloader is not None
+    assert reloader.stale, "a config read while it was being written was served"
+
+    async def looks() -> list[bool]:
+        return [await reloader.poll() for _ in range(2)]
+
+    assert asyncio.run(looks()) == [False, True]
+    assert not reloader.stale
+    assert app.parts.config.policy is not None
+    assert app.policies.latest().decide("acme", "m", None).private == ()
