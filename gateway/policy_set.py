@@ -57,6 +57,9 @@ STALE_POLICIES = (
 )
 
 
+_CHANGED = "the policy files changed while they were read; read again once settled"
+
+
 class TrustPolicies:
     def __init__(
         self,
@@ -127,8 +130,11 @@ class TrustPolicies:
         change it missed, files changed while read) leaves it stale: before, it turned
         ready on its older set while its siblings held the change it missed. One
         process keeps serving its last good set, as it always did: there is no sibling
-        to disagree with."""
-        return self.among_workers and self._behind
+        to disagree with. And any process whose first read (at start, or a worker the
+        supervisor restarted) found the files changing while it read them: cut short, they
+        may parse as a weaker set, and there is no last good set to serve instead; until
+        a read finds them whole (the watcher's, once they hold still)."""
+        return (self.among_workers and self._behind) or not self.read_whole
 
     @property
     def read_failed(self) -> bool:
@@ -150,34 +156,41 @@ class TrustPolicies:
             return parse_policies([builtin_source(self._tenants)], self._facts)
         return load_policies(self._paths, self._facts)
 
-    def reload(self) -> bool:
-        """Compile the files again; swap only if every file is valid. True if swapped."""
+    def reload(self, *, seen: Stamps | None = None) -> bool:
+        """Compile the files again; swap only if every file is valid. True if swapped.
+        `seen`: the stamps a look saw hold still (`_compiled`)."""
         self._reads += 1
-        return self._apply(self._reads, self._compiled())
+        return self._apply(self._reads, self._compiled(seen))
 
-    async def reload_off_loop(self) -> bool:
+    async def reload_off_loop(self, *, seen: Stamps | None = None) -> bool:
         """`reload`, the files read and compiled on a worker thread (a large policy set
         takes seconds: the event loop, and every stream on it, would stall for them), and
         LiteLLM loaded before a set that may fall back to a hosted backend is installed
         (the watcher's reloads and a config reload's: `PolicySet.falls_back`)."""
         self._reads += 1
         read = self._reads
-        outcome = await asyncio.to_thread(self._compiled)
+        outcome = await asyncio.to_thread(self._compiled, seen)
         if isinstance(outcome, PolicySet) and outcome.falls_back():
             # Before it is installed: its first hosted call would import LiteLLM beside
             # traffic, the GIL that import holds stalling every request (litellm_runtime.py)
             await preload_litellm()  # at once where loaded; a failure is a warning
         return self._apply(read, outcome)
 
-    def _compiled(self) -> PolicySet | PolicyError:
+    def _compiled(self, seen: Stamps | None = None) -> PolicySet | PolicyError:
         """The files compiled, or why not: also when they changed while they were read (a
         SIGHUP or a config reload, which do not wait for them to hold still, caught one
         being written: cut short, it may still parse, as a weaker set). The watcher loads
         them once they hold still. A directory their stamps could not list, before or
         after, is a read that failed (`unreadable`: read again), as one the loader could
         not list is: before, its OSError escaped the reload, whose stamp was taken, and a
-        narrowed policy waited for the files' next change."""
+        narrowed policy waited for the files' next change. Files whose stamps are not
+        `seen` (what a watcher's look saw hold still) when the read begins changed since
+        (the next edit started between the look and the read, on a worker thread): they
+        were read whole, unchanged while read, and loaded, maybe cut short; now their next
+        looks see them, and load them once they hold still."""
         before = self._fingerprint()
+        if seen is not None and before != seen and not _unlisted(before):
+            return PolicyError([PolicyIssue(str(self._paths[0]), None, None, "", _CHANGED)])
         try:
             compiled = self._compile()
         except PolicyError as exc:
@@ -189,8 +202,7 @@ class TrustPolicies:
             return _unreadable(self._paths, "a policy directory could not be listed")
         if after == before:
             return compiled
-        changed = "the policy files changed while they were read; read again once settled"
-        return PolicyError([PolicyIssue(str(self._paths[0]), None, None, "", changed)])
+        return PolicyError([PolicyIssue(str(self._paths[0]), None, None, "", _CHANGED)])
 
     def _apply(self, read: int, outcome: PolicySet | PolicyError) -> bool:
         """Make the outcome of read number `read` count, unless a later read's already
@@ -244,20 +256,23 @@ class TrustPolicies:
         reloaded. (Write policy files atomically all the same: a temporary file renamed
         over the old one.) Files that could not be read are read again unchanged, after a
         number of looks that doubles while they keep failing."""
-        if not self._due():
+        seen = self._due()
+        if seen is None:
             return False
-        self.reload()
+        self.reload(seen=seen)
         return True
 
-    def _due(self) -> bool:
+    def _due(self) -> Stamps | None:
+        """The files' stamps if they are to be read now: a change that held still, or
+        files that could not be read, due again."""
         stamp = self._fingerprint()
         if self._settling.settled(stamp, self._stamp):
             self._stamp = stamp
-            return True
+            return stamp
         if self._retry_in is not None and stamp == self._stamp:  # unchanged, unreadable
             self._retry_in -= 1
-            return self._retry_in <= 0
-        return False
+            return stamp if self._retry_in <= 0 else None
+        return None
 
     async def watch(self) -> None:
         """`poll` every `reload_interval_s`, compiling off the event loop. Cancel to stop."""
@@ -266,8 +281,9 @@ class TrustPolicies:
         while True:
             await asyncio.sleep(self.reload_interval_s)
             try:
-                if self._due():
-                    await self.reload_off_loop()
+                seen = self._due()
+                if seen is not None:
+                    await self.reload_off_loop(seen=seen)
             except Exception as exc:  # noqa: BLE001 - a failed reload, reported: dead, the
                 # watcher would apply no later change (a tightened policy never enforced)
                 self.reload_failures += 1

@@ -3,11 +3,15 @@
 The config watcher (gateway/api/reload.py) and the policy set's (gateway/policy_set.py)
 look at their files' stamps (mtime, size) every interval; a file caught half written may
 still parse, as a weaker config or policy, so a new stamp is loaded only when the next
-look finds the same one again."""
+look finds the same one again. `written_since`: whether a file read at start may have been
+caught being written (written after the reading began)."""
 
 from __future__ import annotations
 
-__all__ = ["Settling"]
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["Settling", "written_since"]
 
 
 class Settling:
@@ -29,3 +33,17 @@ class Settling:
             return False
         self.pending = None
         return True
+
+
+def written_since(files: Iterable[Path], when: float) -> bool:
+    """Whether one of `files` was last modified at or after `when` (seconds): what a
+    process read of it then may have been cut short by its writer. One not there (an
+    optional keys file not yet written) was not read cut short."""
+    limit = int(when * 1e9)
+    for file in files:
+        try:
+            if file.stat().st_mtime_ns >= limit:
+                return True
+        except OSError:
+            continue
+    return False

@@ -1,34 +1,31 @@
 """Reloading gateway.yaml in a running gateway, without dropping a connection.
 
-SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes
-and sizes, once a change has held still for a whole poll interval) loads the file again
-through the same strict loader as startup; a backend whose CA or client certificate file
-changed on disk is rebuilt even when gateway.yaml did not change. A file that fails
-validation, or whose trust policies no longer compile against its backends, leaves the
-running config untouched: the failure
-is logged, counted (`owngate_config_reload_failures_total`) and shown in the readiness
-detail, as a failed policy reload is. A valid file is assembled completely by the
-composition root's `assemble` (backend registry and TLS contexts, tenant keys, trust
-policies, scraper, proxy) on a worker thread, as it is read and parsed there, and swapped
-in whole by the app's `install` on the event loop: the reloader gets both as callables
-and knows nothing of the app. A request is decided and routed by the parts active once
-its body is read, and finishes on them (each further attempt also checked against the
-new config's policies, `TrustPolicies.successor`, and skipped when the new config moved
-its backend or changed its TLS trust, `Registry.successor`; a policy change the running set loaded
-while the new config was being built is read again before the swap, never undone: if that
-read fails, nothing is installed, and what assembling adjusted in the running backends is
-put back); the
-connections of a removed or changed backend close once the requests that were running at
-the swap are done (bounded by `limits.drain_timeout_s`; past it, one still running opens
-no new connection on them: `HttpPool.close`); those of a backend whose TLS changed take
-the new TLS settings at once, also those of its pools from older configs
+SIGHUP (and a poll of the file's, the keys file's and the backends' TLS files' mtimes and
+sizes, once a change has held still for a whole poll interval) loads the file again through
+the same strict loader as startup; a backend whose CA or client certificate file changed on
+disk is rebuilt even when gateway.yaml did not change. A file that fails validation, or
+whose trust policies no longer compile against its backends, leaves the running config
+untouched: the failure is logged, counted (`owngate_config_reload_failures_total`) and shown
+in the readiness detail, as a failed policy reload is. A valid file is assembled completely
+by the composition root's `assemble` (backend registry and TLS contexts, tenant keys, trust
+policies, scraper, proxy) on a worker thread, as it is read and parsed there, and swapped in
+whole by the app's `install` on the event loop: the reloader gets both as callables and
+knows nothing of the app. A request is decided and routed by the parts active once its body
+is read, and finishes on them (each further attempt also checked against the new config's
+policies, `TrustPolicies.successor`, and skipped when the new config moved its backend or
+changed its TLS trust, `Registry.successor`; a policy change the running set loaded while
+the new config was being built is read again before the swap, never undone: if that read
+fails, nothing is installed, and what assembling adjusted in the running backends is put
+back); the connections of a removed or changed backend close once the requests that were
+running at the swap are done (bounded by `limits.drain_timeout_s`; past it, one still
+running opens no new connection on them: `HttpPool.close`); those of a backend whose TLS
+changed take the new TLS settings at once, also those of its pools from older configs
 (`Registry.hand_over_tls`: no connection a new CA file refuses is opened or reused for a
-request that was running). Unchanged backends keep their
-connection pools, in-flight counts and health. Settings only a restart can change
-(`listen`, `provenance`, `state`, `logging`, and `admin.listen`, `admin.sample_interval_s`,
-`admin.history_s`) keep their running values, the log says "needs restart", and
-`status()` lists them (`needs_restart`: `state.revocations_file`, say) until a file
-that no longer changes them is read.
+request that was running). Unchanged backends keep their connection pools, in-flight counts
+and health. Settings only a restart can change (`listen`, `provenance`, `state`, `logging`,
+and `admin.listen`, `admin.sample_interval_s`, `admin.history_s`) keep their running values,
+the log says "needs restart", and `status()` lists them (`needs_restart`:
+`state.revocations_file`, say) until a file that no longer changes them is read.
 """
 
 from __future__ import annotations
@@ -49,13 +46,13 @@ from gateway.api.reload_pins import (
     restart_pending,
 )
 from gateway.config.env_refs import unquoted
-from gateway.config.issues import ConfigError
+from gateway.config.issues import ConfigError, ConfigIssue
 from gateway.config.loader import load_config_file
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import UNLISTED, policy_stamps
-from gateway.settling import Settling
+from gateway.settling import Settling, written_since
 from gateway.upstream.litellm_runtime import preload_litellm
 
 if TYPE_CHECKING:
@@ -117,11 +114,10 @@ class ConfigReloader:
         self._text = ""  # the config file's text the last reload read (`_failed`)
         self.loaded_at = clock()
         # No file's stamp: the running config was read before this watcher existed (by
-        # `serve`, maybe while an editor was writing it, maybe a worker restarted mid-edit),
-        # so the first settled look reloads, and keeps it only if the file says otherwise;
-        # unless every file was last written well before `read_at` (`clock` time when
-        # the reading began): then what was read is what they hold, and a second parse
-        # (seconds for a large keys file, beside the first requests) would change nothing.
+        # `serve`, maybe mid-edit), so the first settled look reloads, and keeps it only if
+        # the file says otherwise; unless every file was last written well before `read_at`
+        # (when the reading began): a second parse (seconds for a large keys file, beside
+        # the first requests) would change nothing. One written since is not served meanwhile.
         self._retry_paths: tuple[Path, ...] = ()  # a refused config's policy and TLS files
         self._stamp: tuple[object, ...] = ()
         self._settling = Settling()
@@ -129,14 +125,16 @@ class ConfigReloader:
         self._retry_in: int | None = None  # looks left before an unreadable file is retried
         if read_at is not None and self._unchanged_since(read_at - _MTIME_SLACK_S):
             self._stamp = self._fingerprint()
+        self._unsettled = read_at is not None and written_since(self._files(), read_at)
 
     @property
     def stale(self) -> bool:
         """A worker of `serve --workers N` a read of whose files failed (unreadable) since
         the last that succeeded: its config (a key revoked?) may be older than its
         siblings'. It refuses requests and is not ready until a read succeeds, retried at
-        every look (`TenantAuth.refuse_if_stale`). One process: never."""
-        return self.among_workers and self._behind
+        every look (`TenantAuth.refuse_if_stale`). And any process whose files were written
+        since its reading began (maybe cut short) until a settled look reads them."""
+        return (self.among_workers and self._behind) or self._unsettled
 
     def _files(self) -> list[Path]:
         files = [self.path]
@@ -198,11 +196,11 @@ class ConfigReloader:
         failing. True if a changed config became active."""
         stamp = self._fingerprint()
         if self._settling.settled(stamp, self._stamp):
-            return await self.reload()
+            return await self.reload(seen=stamp)
         if self._retry_in is not None and stamp == self._stamp:  # unchanged, unreadable
             self._retry_in -= 1
             if self._retry_in <= 0:
-                return await self.reload()
+                return await self.reload(seen=stamp)
         return False
 
     def trigger(self) -> None:
@@ -226,20 +224,26 @@ class ConfigReloader:
                 # new stamp (taken before) kept the poll from trying it again: unseen
                 self._failed(f"unexpected error: {type(exc).__name__}", exc)
 
-    async def reload(self) -> bool:
+    async def reload(self, *, seen: tuple[object, ...] | None = None) -> bool:
         """Load the file again (and the policy files); True if a changed config, or an
-        unchanged config's changed policy set, became active."""
+        unchanged config's changed policy set, became active; `seen`: the look's stamp."""
         async with self._lock:
+            if seen is not None and self._fingerprint() != seen:  # left to the next looks
+                return False
             return await self._reload()
 
     async def _reload(self) -> bool:
         running = self._current()
-        self._stamp = self._fingerprint()
+        self._stamp = before = self._fingerprint()
         self._retry_in = None
         try:
             # Off the event loop: a keys file of 20,000 keys takes seconds to parse, and
             # every stream in flight would stall for them. The lock keeps reloads in order.
             fresh = await asyncio.to_thread(self._load)
+            if self._fingerprint()[:-1] != before[:-1]:
+                # Caught being written (a SIGHUP does not wait): cut short, maybe weaker
+                why = "changed while it was read; read again once it holds still"
+                raise ConfigError(str(self.path), [ConfigIssue("", None, why)])
         except ConfigError as exc:
             # Not what the file says but whether it could be read (out of file descriptors
             # under load, say): read again though it did not change, or a key revoked in
@@ -351,7 +355,7 @@ class ConfigReloader:
         return self._prepare(config)
 
     def _succeeded(self) -> None:
-        self._behind = False
+        self._behind = self._unsettled = False
         if self._retry_paths:  # the policy files of the refused config no longer matter
             self._retry_paths = ()
             self._stamp = (*self._stamp[:-1], ())

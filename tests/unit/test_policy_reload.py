@@ -269,3 +269,76 @@ def test_a_file_replaced_with_the_same_size_and_mtime_is_reloaded(tmp_path: Path
     narrower.replace(policy)
     loaded = [trust.current.compiled("p").version for _ in range(3) if trust.poll()]
     assert loaded == ["2"]
+
+
+def test_a_look_never_loads_a_file_rewritten_after_it_held_still(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look sees the finished file hold still; before its read begins (the watcher's
+    read starts on a worker thread), the next edit truncates the file and writes it up to
+    the class's description, then pauses. The read found those files unchanged while it
+    read them and loaded them: not the files that held still, and weaker (phi falls
+    back). They are loaded once they hold still, never at that look."""
+    import gateway.policy_set
+
+    policy = tmp_path / "policies" / "p.yaml"
+    policy.parent.mkdir()
+    write(policy, HEAD.replace("VERSION", "1") + TAIL, 1_000_000_000)
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["policies"]}
+    )
+    trust = TrustPolicies(config, tmp_path)
+    write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+    assert not trust.poll()  # the change seen once
+    real = gateway.policy_set.policy_stamps
+    stamps: list[int] = []
+
+    def edited_once_seen_still(paths: Any) -> Any:
+        stamps.append(1)
+        if len(stamps) == 2:  # the look has seen it hold still; its read begins
+            write(policy, HEAD.replace("VERSION", "3"), 3_000_000_000)
+        return real(paths)
+
+    monkeypatch.setattr(gateway.policy_set, "policy_stamps", edited_once_seen_still)
+    trust.poll()
+    assert trust.current.decide("acme", "m", "phi").fallback == "never", (
+        "a policy file caught half written was loaded"
+    )
+    monkeypatch.setattr(gateway.policy_set, "policy_stamps", real)
+    write(policy, HEAD.replace("VERSION", "3") + TAIL, 4_000_000_000)  # finished
+    assert [trust.poll() for _ in range(2)] == [False, True]
+    assert trust.current.compiled("p").version == "3"
+    assert trust.current.decide("acme", "m", "phi").fallback == "never"
+
+
+def test_a_set_read_at_start_while_a_file_was_written_is_not_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve` (or a worker the supervisor restarted) read the files while an editor was
+    writing one: the set it compiled (the class cut before its `fallback: never`) was
+    served until the watcher's first settled look. It is `stale` instead (requests 503,
+    not ready, `owngate_policy_stale`) until a read finds the files whole."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1"), 1_000_000_000)  # caught half written
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    real = gateway.policy.loader.load_policies
+
+    def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
+        read = real(*args, **kwargs)
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        return read
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
+    trust = TrustPolicies(config, tmp_path)
+    monkeypatch.setattr(gateway.policy_set, "load_policies", real)
+    assert trust.stale, "a policy set read while a file was being written was served"
+    assert not trust.poll()
+    assert trust.stale
+    assert trust.poll()  # held still: read whole
+    assert not trust.stale
+    assert trust.current.decide("acme", "m", "phi").fallback == "never"
