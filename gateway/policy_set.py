@@ -40,6 +40,7 @@ __all__ = [
     "TrustPolicies",
     "builtin_source",
     "policy_stamps",
+    "relabels",
 ]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
@@ -52,12 +53,28 @@ Stamps = tuple[tuple[str, int, int, int, int], ...]
 _UNREADABLE_MAX_DOUBLINGS = 6
 # What a request gets from a stale worker (`TrustPolicies.stale`): 503, retry at once
 STALE_POLICIES = (
-    "this gateway worker could not read its trust-policy files, so the policies it holds "
-    "may be older than the other workers'; retry (a new connection may reach another)"
+    "this gateway could not read its trust-policy files whole (unreadable, or changing "
+    "while read), so the policies it holds may not be what they say now; retry shortly"
 )
 
 
 _CHANGED = "the policy files changed while they were read; read again once settled"
+# A reload that would read data-class labels from another header: requests labelled with
+# the running one (`x-sensitivity: phi`) would become unlabelled, their class's
+# `fallback: never` no longer applied. Refused; only a restart changes it.
+_RELABEL = (
+    "data_class_header would change from {old!r} to {new!r} (a PolicySet edited or "
+    "removed): requests labelled with {old!r} would lose their data class; the running "
+    "set stays; restart the gateway to change the header"
+)
+
+
+def relabels(running: PolicySet, fresh: PolicySet) -> str | None:
+    """Why `fresh` may not replace `running` in a running gateway: it reads requests'
+    data-class labels from another header. None if it reads the same one."""
+    if fresh.data_class_header == running.data_class_header:
+        return None
+    return _RELABEL.format(old=running.data_class_header, new=fresh.data_class_header)
 
 
 class TrustPolicies:
@@ -210,6 +227,13 @@ class TrustPolicies:
         if read < self._applied:
             return False
         self._applied = read
+        # (A set read at start while a file changed served nothing: maybe it lost the
+        # PolicySet, cut short; the header read whole is the first it serves.)
+        fresh = outcome if isinstance(outcome, PolicySet) and self.read_whole else None
+        why = None if fresh is None else relabels(self.current, fresh)
+        if why is not None:  # not a read that failed: `_behind` and `_retry_in` unchanged
+            where = str(self._paths[0]) if self._paths else "policy"
+            outcome = PolicyError([PolicyIssue(where, None, None, "data_class_header", why)])
         if isinstance(outcome, PolicyError):
             exc = outcome
             # Not what the files say but whether they could be read: read again though

@@ -44,6 +44,7 @@ from gateway.api.reload_pins import (
     changes,
     pin_restart_only,
     restart_pending,
+    tls_paths,
 )
 from gateway.config.env_refs import unquoted
 from gateway.config.issues import ConfigError, ConfigIssue
@@ -51,7 +52,7 @@ from gateway.config.loader import load_config_file
 from gateway.config.schema import GatewaySettings
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
-from gateway.policy_set import UNLISTED, policy_stamps
+from gateway.policy_set import UNLISTED, policy_stamps, relabels
 from gateway.settling import Settling, written_since
 from gateway.upstream.litellm_runtime import preload_litellm
 
@@ -274,7 +275,7 @@ class ConfigReloader:
         # And the TLS files it names: a refused config's new CA (invalid when read, written
         # after gateway.yaml or caught half written) is no running backend's file; without
         # its stamp here, its fix was never seen and the CA it replaces stayed trusted.
-        paths += _tls_paths(fresh, self.path.parent)
+        paths += tls_paths(fresh, self.path.parent)
         policy_files = policy_stamps(paths)  # before they are read, never after
         try:
             # Off the event loop too: compiling a large policy set and building the
@@ -304,7 +305,10 @@ class ConfigReloader:
             # change was loaded meanwhile; nothing awaits between the last look and the swap.
             read = running.policies.current
             await parts.policies.reload_off_loop()
-        if parts.policies.last_error is not None or not parts.policies.read_whole:
+        # Labels from another header: refused (`relabels`), unless what runs served nothing
+        served = running.policies.read_whole and not self._unsettled  # read cut short?
+        relabel = relabels(read, parts.policies.current) if served else None
+        if relabel or parts.policies.last_error is not None or not parts.policies.read_whole:
             # Read again and refused (the next edit caught half written): what was compiled
             # first is older than the set in force, a narrowing maybe. Or read while being
             # written (maybe weaker, cut short). Nothing changes; their next change retries.
@@ -314,7 +318,7 @@ class ConfigReloader:
             if parts.policies.read_failed:  # not what they say: read again unchanged
                 self._unreadable += 1
                 self._read_again()
-            why = parts.policies.last_error or "they changed while they were read"
+            why = relabel or parts.policies.last_error or "they changed while they were read"
             return self._failed(f"policy files: {why}", ValueError(why))
         requests = self._install(parts)
         # Requests running now finish on the old parts: their next connection to a
@@ -385,15 +389,3 @@ class ConfigReloader:
             "reload_failures": self.reload_failures,
             "needs_restart": self.needs_restart,
         }
-
-
-def _tls_paths(config: GatewaySettings, directory: Path) -> tuple[Path, ...]:
-    """The CA, client certificate and key files `config`'s backends name."""
-    names = (
-        name
-        for b in config.backends
-        if b.tls is not None
-        for name in (b.tls.ca_file, b.tls.client_cert_file, b.tls.client_key_file)
-        if name is not None
-    )
-    return tuple(directory / name for name in names)

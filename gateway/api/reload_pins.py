@@ -10,15 +10,24 @@ installed the new value without a word while the listener stayed where it
 was bound. The admin tokens and `allow_loopback` are read per request: they do reload,
 but the listener is bound only if some were configured at start: a reload that adds the
 first logs "needs restart" too, and its running `admin.listen` is null (nothing listens).
+`tls_paths`: the TLS files a config names, whose change retries a refused config.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gateway.config.schema import GatewaySettings
 
-__all__ = ["ADMIN_RESTART_ONLY", "RESTART_ONLY", "changes", "pin_restart_only", "restart_pending"]
+__all__ = [
+    "ADMIN_RESTART_ONLY",
+    "RESTART_ONLY",
+    "changes",
+    "pin_restart_only",
+    "restart_pending",
+    "tls_paths",
+]
 
 RESTART_ONLY = ("listen", "provenance", "state", "logging")
 ADMIN_RESTART_ONLY = ("listen", "sample_interval_s", "history_s")
@@ -101,3 +110,15 @@ def changes(old: GatewaySettings, new: GatewaySettings) -> dict[str, Any]:
         "routing_changed": old.routing != new.routing,
         "limits_changed": old.limits != new.limits,
     }
+
+
+def tls_paths(config: GatewaySettings, directory: Path) -> tuple[Path, ...]:
+    """The CA, client certificate and key files `config`'s backends name."""
+    names = (
+        name
+        for b in config.backends
+        if b.tls is not None
+        for name in (b.tls.ca_file, b.tls.client_cert_file, b.tls.client_key_file)
+        if name is not None
+    )
+    return tuple(directory / name for name in names)

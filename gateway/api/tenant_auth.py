@@ -19,9 +19,9 @@ __all__ = ["TenantAuth", "key_digest"]
 _RETRY_SOON = ((b"retry-after", b"1"),)
 # What a request gets from a stale worker (`ConfigReloader.stale`): 503, retry at once
 STALE_CONFIG = (
-    "this gateway worker could not read its config files (gateway.yaml, keys file), so "
-    "the config it holds may be older than the other workers'; retry (a new connection "
-    "may reach another)"
+    "this gateway could not read its config files (gateway.yaml, keys file) whole "
+    "(unreadable, or changing while read), so the config it holds may not be what they "
+    "say now; retry shortly"
 )
 # While this host's revoked keys list cannot be read (`SharedState.revocations_unknown`)
 UNKNOWN_REVOCATIONS = (
