@@ -10,6 +10,7 @@ not held to the header of what it read cut short."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,29 @@ def test_a_stale_single_process_says_what_it_is_in_the_openai_error_format(
     assert set(error) >= {"message", "type", "param", "code"}
     assert "worker" not in error["message"], error["message"]
     assert "changing while read" in error["message"]
+
+
+def test_a_config_file_dated_in_the_future_never_wedges_the_gateway_stale(
+    tmp_path: Path,
+) -> None:
+    """Clock skew, `touch -d tomorrow`, a mount with odd mtimes: a file whose mtime is
+    past the start reads as written since, so stale at start; the first settled look
+    reads it whole and the gateway serves (its mtime still in the future)."""
+    _files(tmp_path)
+    path, _ = _app_config(tmp_path)
+    tomorrow = int((time.time() + 86_400) * 1e9)
+    os.utime(path, ns=(tomorrow, tomorrow))
+    read_at = time.time()
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, config_read_at=read_at
+    )
+    reloader = app.reloader
+    assert reloader is not None and reloader.stale
+
+    async def looks() -> None:
+        for _ in range(3):
+            await reloader.poll()
+
+    asyncio.run(looks())
+    assert not reloader.stale, "a file dated in the future left the gateway stale for good"
+    assert not app.policies.stale
