@@ -43,9 +43,9 @@ __all__ = [
     "BODY_WRITER_SCOPE_KEY",
     "CHUNK",
     "BodyWriter",
+    "ConnectionLoss",
     "body_writer",
     "client_lost",
-    "connection_closed",
     "drop",
     "mark_lost",
 ]
@@ -59,12 +59,25 @@ CHUNK: Final = b"%x\r\n%b\r\n"
 _TAIL_POLL_S: Final = 0.01
 
 
+class ConnectionLoss:
+    """Whether a connection is gone (the listener's `connection_lost`): one per connection,
+    shared by the `BodyWriter`s of all its requests. A request waiting for its answer to
+    be taken (`BodyWriter.taken`) may no longer be the connection's newest or the one
+    being answered (a pipelined or keep-alive request after it is), so a mark on the
+    cycles the protocol still knows would miss it."""
+
+    __slots__ = ("lost",)
+
+    def __init__(self) -> None:
+        self.lost = False
+
+
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle", "_guard", "_on_gone", "closed", "dropped")
+    __slots__ = ("_cycle", "_guard", "_loss", "_on_gone", "dropped")
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: RequestResponseCycle, loss: ConnectionLoss | None = None) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
         self._cycle = weakref.ref(cycle)
         self._on_gone: Callable[[], object] | None = None
@@ -72,10 +85,15 @@ class BodyWriter:
         # The server dropped the connection itself (`drop`): its loss is the gateway's
         # cut (503), not a client that left (499).
         self.dropped = False
-        # The connection is gone (`connection_closed`), also after the response completed,
-        # when uvicorn no longer marks its cycle disconnected: what its write buffer held
-        # then never reached the client.
-        self.closed = False
+        # The connection is gone, also after the response completed, when uvicorn no
+        # longer marks its cycle disconnected: what its write buffer held then never
+        # reached the client. Its connection's (`ConnectionLoss`).
+        self._loss = ConnectionLoss() if loss is None else loss
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is gone (`ConnectionLoss`)."""
+        return self._loss.lost
 
     def watch(self, on_gone: Callable[[], object]) -> bool:
         """Call `on_gone` once if the client disconnects before the response ends (call
@@ -244,14 +262,6 @@ class BodyWriter:
         cycle = self._cycle()
         if cycle is not None:
             await cycle.flow.drain()
-
-
-def connection_closed(cycle: RequestResponseCycle | None) -> None:
-    """The connection of `cycle` is gone (the listener's `connection_lost`): a request
-    waiting for its answer to be taken (`BodyWriter.taken`) learns it was not."""
-    writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
-    if writer is not None:
-        writer.closed = True
 
 
 def client_lost(cycle: RequestResponseCycle | None) -> None:

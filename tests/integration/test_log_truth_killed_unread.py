@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import orjson
 
 from gateway.provenance import write_signing_key
@@ -158,5 +159,59 @@ def test_a_connection_lost_with_an_answer_in_the_write_buffer_is_a_client_that_l
         slow.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         slow.close()  # a reset: what the gateway still buffers never reaches the client
     until(lambda: gateway.app.answers.held == 0, "the answer given back", timeout=30)
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["response_commitment"]) == (499, None), record
+
+
+def _head(client: socket.socket) -> tuple[bytes, str]:
+    """The head of the answer `client` is sent first, and its request id."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += client.recv(4096)
+    request_id = next(
+        line.split(b":")[1].strip().decode()
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"x-request-id")
+    )
+    return head, request_id
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "keep-alive"])
+def test_a_connection_lost_while_a_later_request_is_answered_is_a_client_that_left(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    pipelined: bool,
+) -> None:
+    """The connection's next request (pipelined, or sent on it while the first answer
+    waits to be taken) is the one being answered when the connection is lost: the loss
+    is the first one's too. Before, only the newest request learnt of it, and the first
+    one, its answer still in the write buffer, was recorded 200 committing to all of it."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True, n_ctx=2 * TOKENS)
+    gateway = logged_private_gateway(start_gateway, tmp_path, sim.url, ORIGIN)
+    body = orjson.dumps(
+        {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "y"}]}
+    )
+    later = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        f"authorization: Bearer {gateway.key}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    slow = _ask(gateway.server.port, TOKENS, gateway.key)
+    try:
+        if pipelined:
+            slow.sendall(later)
+        assert select.select([slow], [], [], 60)[0], "no answer began"
+        until(lambda: gateway.app.answers.held > 0, "the first answer held", timeout=30)
+        first = gateway.app.answers.held
+        _, request_id = _head(slow)
+        if not pipelined:
+            slow.sendall(later)
+        # The later request answered too (its answer held behind the first one's).
+        until(lambda: gateway.app.answers.held > first, "the later answer held", timeout=30)
+    finally:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        slow.close()  # a reset: what the gateway still buffers never reaches the client
+    until(lambda: gateway.app.answers.held == 0, "the answers given back", timeout=30)
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["response_commitment"]) == (499, None), record
