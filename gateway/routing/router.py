@@ -41,7 +41,9 @@ for a media URL in the request "refused" (no fallback past it: the client's inpu
 Each attempt counts as in flight on its backend from the moment it is yielded, with no
 await since the saturation check (a burst cannot all see a backend idle while their
 dispatch records are written), and ends with one `Plan.report(attempt, outcome)`
-(gateway/routing/attempt.py): the backend's in-flight and prefill counts go, the breaker
+(gateway/routing/attempt.py): the backend's in-flight and prefill counts go (the in-flight
+one sooner, `Attempt.leave`, once a whole answer was read: its client may take long to
+read it, and the backend is done), the breaker
 hears of a probe that ended with no verdict, the prefix's backend is remembered when it
 served, one waiter of each pool the backend serves goes. The relay tells the attempt what
 it learns (`admit`, `first_byte`, `answered`, `succeeded`, `failed`, `upstream_failed`):
@@ -362,6 +364,7 @@ class Plan:
                 self._states[route.backend.id] = "down"
             return None
         router._enter(route.backend)  # in flight from now: see the module docstring
+        attempt.leaving = router._leave
         return attempt
 
     def report(
@@ -396,4 +399,4 @@ class Plan:
         router = self._router
         if outcome is _SERVED and attempt.private:
             router.picker.served(self.prefix, attempt.backend.id)
-        router._leave(attempt.backend)
+        attempt.leave()  # unless it left already
