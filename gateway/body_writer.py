@@ -55,8 +55,12 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 # (and the private relay's sink, which writes each read itself: gateway/api/stream_relay.py)
 CHUNK: Final = b"%x\r\n%b\r\n"
 # How often `BodyWriter.taken` looks again at an answer's tail the client is reading
-# (below the pause mark no event says when the kernel took it): only for such a tail.
+# (below the pause mark no event says when the kernel took it): only for such a tail,
+# twice as long after each look, up to `_TAIL_POLL_MAX_S`. At 10 ms for good, a client
+# that leaves such a tail unread woke its request 100 times a second until the write
+# timeout (120 s): a few thousand such connections held the event loop's CPU.
 _TAIL_POLL_S: Final = 0.01
+_TAIL_POLL_MAX_S: Final = 1.0
 
 
 class ConnectionLoss:
@@ -66,10 +70,11 @@ class ConnectionLoss:
     being answered (a pipelined or keep-alive request after it is), so a mark on the
     cycles the protocol still knows would miss it."""
 
-    __slots__ = ("lost",)
+    __slots__ = ("dropped", "lost")
 
     def __init__(self) -> None:
         self.lost = False
+        self.dropped = False  # by the server itself (`drop`): the gateway's cut
 
 
 class BodyWriter:
@@ -248,13 +253,17 @@ class BodyWriter:
         than it is written waits for it. Bounded by the listener, which drops a client
         that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
         cycle = self._cycle()
+        poll = _TAIL_POLL_S
         while cycle is not None and not self.closed and not cycle.disconnected:
             if not cycle.transport.get_write_buffer_size():
                 return True
             if cycle.flow.write_paused:
                 await cycle.flow.drain()  # resumed below the low-water mark, or lost
             else:  # a tail below the pause mark: no event says when the kernel took it
-                await asyncio.sleep(_TAIL_POLL_S)
+                await asyncio.sleep(poll)
+                poll = min(poll * 2, _TAIL_POLL_MAX_S)
+        if self._loss.dropped:  # every request of the connection: the gateway's cut
+            self.dropped = True
         return False
 
     async def drain(self) -> None:
@@ -294,6 +303,9 @@ def drop(connection: Any) -> None:
         writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
         if writer is not None:
             writer.dropped = True
+    loss = getattr(connection, "loss", None)
+    if isinstance(loss, ConnectionLoss):  # and any earlier one waiting to be taken
+        loss.dropped = True
     connection.transport.abort()
 
 

@@ -62,7 +62,7 @@ class RefusingProtocol(HttpToolsProtocol):
         self._body_read = 0  # body bytes the current read delivered
         self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
         self.answering: RequestResponseCycle | None = None  # see `connection_lost`
-        self._loss = ConnectionLoss()  # its requests' writers learn its loss from it
+        self.loss = ConnectionLoss()  # its requests' writers learn its loss from it
         self._after_answers: bytes | None = None  # a refusal held until the answers end
 
     # deadlines
