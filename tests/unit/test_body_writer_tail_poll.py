@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from gateway import body_writer
 from gateway.body_writer import BodyWriter
 
 
@@ -42,7 +41,7 @@ def test_an_unread_tail_is_looked_at_less_often_the_longer_it_stays(
     async def sleep(delay: float) -> None:  # the waits asked for, none taken
         waits.append(delay)
 
-    monkeypatch.setattr(body_writer.asyncio, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
     cycle: Any = _Cycle(looks=300)
     assert asyncio.run(BodyWriter(cycle).taken()) is True
     assert len(waits) == 300
@@ -58,5 +57,5 @@ def test_a_lost_connection_ends_the_wait_as_not_taken(monkeypatch: pytest.Monkey
     async def sleep(delay: float) -> None:
         cycle.disconnected = True
 
-    monkeypatch.setattr(body_writer.asyncio, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
     assert asyncio.run(BodyWriter(cycle).taken()) is False
