@@ -43,9 +43,9 @@ __all__ = [
     "BODY_WRITER_SCOPE_KEY",
     "CHUNK",
     "BodyWriter",
+    "ConnectionLoss",
     "body_writer",
     "client_lost",
-    "connection_closed",
     "drop",
     "mark_lost",
 ]
@@ -55,16 +55,34 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 # (and the private relay's sink, which writes each read itself: gateway/api/stream_relay.py)
 CHUNK: Final = b"%x\r\n%b\r\n"
 # How often `BodyWriter.taken` looks again at an answer's tail the client is reading
-# (below the pause mark no event says when the kernel took it): only for such a tail.
+# (below the pause mark no event says when the kernel took it): only for such a tail,
+# twice as long after each look, up to `_TAIL_POLL_MAX_S`. At 10 ms for good, a client
+# that leaves such a tail unread woke its request 100 times a second until the write
+# timeout (120 s): a few thousand such connections held the event loop's CPU.
 _TAIL_POLL_S: Final = 0.01
+_TAIL_POLL_MAX_S: Final = 1.0
+
+
+class ConnectionLoss:
+    """Whether a connection is gone (the listener's `connection_lost`): one per connection,
+    shared by the `BodyWriter`s of all its requests. A request waiting for its answer to
+    be taken (`BodyWriter.taken`) may no longer be the connection's newest or the one
+    being answered (a pipelined or keep-alive request after it is), so a mark on the
+    cycles the protocol still knows would miss it."""
+
+    __slots__ = ("dropped", "lost")
+
+    def __init__(self) -> None:
+        self.lost = False
+        self.dropped = False  # by the server itself (`drop`): the gateway's cut
 
 
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle", "_guard", "_on_gone", "closed", "dropped")
+    __slots__ = ("_cycle", "_guard", "_loss", "_on_gone", "dropped")
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: RequestResponseCycle, loss: ConnectionLoss | None = None) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
         self._cycle = weakref.ref(cycle)
         self._on_gone: Callable[[], object] | None = None
@@ -72,10 +90,15 @@ class BodyWriter:
         # The server dropped the connection itself (`drop`): its loss is the gateway's
         # cut (503), not a client that left (499).
         self.dropped = False
-        # The connection is gone (`connection_closed`), also after the response completed,
-        # when uvicorn no longer marks its cycle disconnected: what its write buffer held
-        # then never reached the client.
-        self.closed = False
+        # The connection is gone, also after the response completed, when uvicorn no
+        # longer marks its cycle disconnected: what its write buffer held then never
+        # reached the client. Its connection's (`ConnectionLoss`).
+        self._loss = ConnectionLoss() if loss is None else loss
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is gone (`ConnectionLoss`)."""
+        return self._loss.lost
 
     def watch(self, on_gone: Callable[[], object]) -> bool:
         """Call `on_gone` once if the client disconnects before the response ends (call
@@ -230,13 +253,17 @@ class BodyWriter:
         than it is written waits for it. Bounded by the listener, which drops a client
         that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
         cycle = self._cycle()
+        poll = _TAIL_POLL_S
         while cycle is not None and not self.closed and not cycle.disconnected:
             if not cycle.transport.get_write_buffer_size():
                 return True
             if cycle.flow.write_paused:
                 await cycle.flow.drain()  # resumed below the low-water mark, or lost
             else:  # a tail below the pause mark: no event says when the kernel took it
-                await asyncio.sleep(_TAIL_POLL_S)
+                await asyncio.sleep(poll)
+                poll = min(poll * 2, _TAIL_POLL_MAX_S)
+        if self._loss.dropped:  # every request of the connection: the gateway's cut
+            self.dropped = True
         return False
 
     async def drain(self) -> None:
@@ -244,14 +271,6 @@ class BodyWriter:
         cycle = self._cycle()
         if cycle is not None:
             await cycle.flow.drain()
-
-
-def connection_closed(cycle: RequestResponseCycle | None) -> None:
-    """The connection of `cycle` is gone (the listener's `connection_lost`): a request
-    waiting for its answer to be taken (`BodyWriter.taken`) learns it was not."""
-    writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
-    if writer is not None:
-        writer.closed = True
 
 
 def client_lost(cycle: RequestResponseCycle | None) -> None:
@@ -284,6 +303,9 @@ def drop(connection: Any) -> None:
         writer = None if cycle is None else body_writer(cast("Scope", cycle.scope))
         if writer is not None:
             writer.dropped = True
+    loss = getattr(connection, "loss", None)
+    if isinstance(loss, ConnectionLoss):  # and any earlier one waiting to be taken
+        loss.dropped = True
     connection.transport.abort()
 
 

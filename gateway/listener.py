@@ -85,7 +85,6 @@ from gateway.body_writer import (
     BODY_WRITER_SCOPE_KEY,
     BodyWriter,
     client_lost,
-    connection_closed,
     mark_lost,
 )
 from gateway.close_delimited import close_delimited
@@ -153,8 +152,10 @@ class LimitedHttpProtocol(RefusingProtocol):
         self._head_timer = self._body_timer = self._linger_timer = self._write_timer = None
         self.timeout_keep_alive_task = None
         super().connection_lost(exc)
-        connection_closed(self.cycle)  # an answer's tail still unsent is lost with it
-        connection_closed(self.answering)
+        # An answer's tail still unsent is lost with it: every request of the connection
+        # waiting for its answer to be taken learns it (the earlier one of a pipelined or
+        # keep-alive pair included), not only its newest (`cycle`) or `answering`.
+        self.loss.lost = True
         client_lost(self.cycle)  # the proxy's disconnect watch (gateway/body_writer.py)
         # pipelined: uvicorn tells its newest cycle only, not the one being answered
         if self.answering is not None and not self.answering.response_complete:
@@ -295,7 +296,7 @@ class LimitedHttpProtocol(RefusingProtocol):
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
         self.cycle.transport = HeadCoalescer(self.transport, self.loop, self.cycle, mark_lost)  # type: ignore[assignment]
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
-        self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle)  # type: ignore[typeddict-unknown-key]
+        self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle, self.loss)  # type: ignore[typeddict-unknown-key]
         if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
             close_unless_continued(self.cycle)
         self._in_head = self._head_begun = False

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import mark_lost
+from gateway.body_writer import ConnectionLoss, mark_lost
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import (
@@ -62,6 +62,7 @@ class RefusingProtocol(HttpToolsProtocol):
         self._body_read = 0  # body bytes the current read delivered
         self._framing = 0  # body-phase bytes since the last body bytes: chunk lines, trailers
         self.answering: RequestResponseCycle | None = None  # see `connection_lost`
+        self.loss = ConnectionLoss()  # its requests' writers learn its loss from it
         self._after_answers: bytes | None = None  # a refusal held until the answers end
 
     # deadlines

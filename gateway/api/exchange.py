@@ -251,23 +251,29 @@ async def _taken(exchange: Exchange) -> None:
     client reading slower than it is answered): a gateway killed then, or a connection
     lost then, left a client with part of the answer and a log saying it got all of it.
     A connection lost first ends the request as a client that left (499, committing to
-    no answer: what it got is not the answer). A shutdown's cancellation meanwhile (nothing
-    else cancels a request whose answer went to its connection) is taken back: the answer
-    went to the connection whole and the request ends as answered, as it did when the
-    cancellation landed after this (`openai._answer_taken`), not as an error uvicorn logs."""
+    no answer: what it got is not the answer); one the gateway dropped (its forced
+    shutdown) as the gateway's cut (503, the same). A shutdown's cancellation meanwhile
+    (nothing else cancels a request whose answer went to its connection) is taken back
+    and the wait goes on: the client may still take the answer, and the forced end drops
+    the connection (gateway/serving.py), which ends the wait. Before, the cancellation
+    ended the request as answered (200, committing to all of it) and the drop then threw
+    away the tail the client had not taken."""
     writer = exchange.writer
-    try:
-        taken = writer is None or await writer.taken()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
-        taken = True
-    if not taken:
-        exchange.client_gone = True
-        if exchange.trail is not None:
-            exchange.trail.unsent()
-        raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
+    taken = writer is None
+    while not taken:
+        assert writer is not None
+        try:
+            taken = await writer.taken()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            continue
+        if not taken:
+            exchange.client_gone = True
+            if exchange.trail is not None:
+                exchange.trail.unsent()
+            raise asyncio.CancelledError  # the proxy absorbs it (499, or the cut's 503)
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:

@@ -289,6 +289,7 @@ class HostedRelay:
             exchange.status = 200
             exchange.response_started = True
             relayed(exchange, response.body, whole=True)
+            attempt.leave()  # the provider is done: not in flight while its client reads
             await send_whole(send, exchange, 200, response.body, response.content_type)
             return
         await start_stream(send, exchange, 200, b"text/event-stream")

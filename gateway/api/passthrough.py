@@ -311,6 +311,7 @@ class PrivateRelay:
             if attester is not None and exchange.trail is not None:
                 countersignature = response.header(ATTEST_HEADER)
                 attester.judge(exchange.trail, exchange.request_id.decode(), countersignature)
+            attempt.leave()  # the backend is done: not in flight while its client reads
             await send_whole(send, exchange, status, data, content_type)
             return None
         # `[DONE]` tells a complete stream from a cut one (stream_relay.py, sse.py)

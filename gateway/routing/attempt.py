@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from gateway.logs import get_logger
 from gateway.routing.breaker import Pass
-from gateway.routing.registry import Route
+from gateway.routing.registry import BackendState, Route
 from gateway.routing.scorers.prefill import prefill_tokens
 
 __all__ = ["FALLBACK_STATES", "Attempt", "FallbackBasis", "Outcome"]
@@ -88,6 +88,7 @@ class Attempt:
         "cached_bytes",
         "closed_to",
         "deadline",
+        "leaving",
         "private",
         "route",
         "tenant",
@@ -117,6 +118,20 @@ class Attempt:
         self._judged = False  # whether the breaker heard how this attempt went
         self._clipped = False  # its first-byte wait was cut short by the deadline
         self._prefilling = 0  # prompt tokens it added to its backend's prefill count
+        # Takes it off its backend's in-flight count (the router's, set as it is yielded).
+        self.leaving: Callable[[BackendState], None] | None = None
+
+    def leave(self) -> None:
+        """Its backend is done with it: off the backend's in-flight count (once; the
+        plan's `report` does it too). Called as soon as a whole answer was read, before
+        its client is sent it: a client that reads slowly holds its request until it
+        has taken the answer (its completion record waits for that, gateway/api/
+        exchange.py), and kept in flight meanwhile, its slow reads made the backend look
+        saturated to every tenant's requests (queued, failed over to a hosted provider
+        or refused) though it had finished."""
+        leaving, self.leaving = self.leaving, None
+        if leaving is not None:
+            leaving(self.backend)
 
     def admit(self) -> bool:
         """Whether the backend's breaker (and the tenant's own on it) lets this attempt

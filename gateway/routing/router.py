@@ -38,15 +38,14 @@ that sent nothing), has no dispatch record and does not count among the attempts
 for a media URL in the request "refused" (no fallback past it: the client's input).
 `Plan.basis` says, for a fallback's dispatch record, each private backend's state.
 
-Each attempt counts as in flight on its backend from the moment it is yielded, with no
-await since the saturation check (a burst cannot all see a backend idle while their
-dispatch records are written), and ends with one `Plan.report(attempt, outcome)`
-(gateway/routing/attempt.py): the backend's in-flight and prefill counts go, the breaker
-hears of a probe that ended with no verdict, the prefix's backend is remembered when it
-served, one waiter of each pool the backend serves goes. The relay tells the attempt what
-it learns (`admit`, `first_byte`, `answered`, `succeeded`, `failed`, `upstream_failed`):
-routing keeps the breaker's epochs and the counters. `Plan.reasons` says why backends
-were skipped or failed, for the client's error when none served.
+Each attempt counts as in flight on its backend from when it is yielded, with no await since
+the saturation check (a burst cannot all see a backend idle while their dispatch records are
+written), and ends with one `Plan.report(attempt, outcome)` (attempt.py): the backend's
+in-flight (`Attempt.leave`) and prefill counts go, the breaker hears of a probe that ended
+with no verdict, the prefix's backend is remembered when it served, one waiter of each pool
+the backend serves goes. The relay tells the attempt what it learns (`admit`, `first_byte`,
+`answered`, `succeeded`, `failed`, `upstream_failed`): routing keeps the breaker's epochs
+and the counters. `Plan.reasons` says why backends were skipped or failed (the error).
 """
 
 from __future__ import annotations
@@ -362,6 +361,7 @@ class Plan:
                 self._states[route.backend.id] = "down"
             return None
         router._enter(route.backend)  # in flight from now: see the module docstring
+        attempt.leaving = router._leave  # until `report`, or the answer's end (`leave`)
         return attempt
 
     def report(
@@ -396,4 +396,4 @@ class Plan:
         router = self._router
         if outcome is _SERVED and attempt.private:
             router.picker.served(self.prefix, attempt.backend.id)
-        router._leave(attempt.backend)
+        attempt.leave()  # unless it left already

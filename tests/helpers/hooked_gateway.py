@@ -71,15 +71,20 @@ def start_hooked(
     return GatewayProcess(config, tmp_path, env={"PYTHONPATH": path}).start()
 
 
-def check_first_answered_second_cut(tmp_path: Path) -> None:
-    """The log under `tmp_path` holds two requests: the first's completion says 200; the
-    second's dispatch and completion, that completion the gateway's cut (503) committed to
-    none of the answer (the client got none of it, or its head alone)."""
+def check_first_answered_second_cut(tmp_path: Path, first_status: int = 200) -> None:
+    """The log under `tmp_path` holds two requests: the first's completion says
+    `first_status` (200: its client took the answer; else, committing to none of it: a
+    client that never read it, its connection dropped by the forced end, 503, or by the
+    write timeout, 499); the second's dispatch and completion, that completion the
+    gateway's cut (503) committed to none of the answer (the client got none of it, or
+    its head alone)."""
     logged = records(tmp_path / "log")
     ids = list(dict.fromkeys(r["request_id"] for r in logged))
     assert len(ids) == 2, logged
     first = [r for r in logged if r["request_id"] == ids[0]]
-    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", 200), first
+    assert [(r["type"], r.get("status")) for r in first][-1] == ("completion", first_status), first
+    if first_status != 200:
+        assert first[-1]["response_commitment"] is None, first
     second = [r for r in logged if r["request_id"] == ids[1]]
     assert [r["type"] for r in second] == ["dispatch", "completion"]
     assert second[1]["status"] == 503, second

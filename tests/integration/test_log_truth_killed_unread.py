@@ -25,10 +25,17 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from gateway.provenance import write_signing_key
 from gateway.tenants import hash_api_key
-from tests.helpers.gateways import Gateway, Sim, backend, logged_private_gateway
+from tests.helpers.gateways import (
+    Gateway,
+    Sim,
+    backend,
+    logged_gateway,
+    logged_private_gateway,
+)
 from tests.helpers.net import free_port
 from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import completion_record, records, run_audit_output
@@ -160,3 +167,100 @@ def test_a_connection_lost_with_an_answer_in_the_write_buffer_is_a_client_that_l
     until(lambda: gateway.app.answers.held == 0, "the answer given back", timeout=30)
     record = completion_record(tmp_path / "log", request_id)
     assert (record["status"], record["response_commitment"]) == (499, None), record
+
+
+def _head(client: socket.socket) -> tuple[bytes, str]:
+    """The head of the answer `client` is sent first, and its request id."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += client.recv(4096)
+    request_id = next(
+        line.split(b":")[1].strip().decode()
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"x-request-id")
+    )
+    return head, request_id
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "keep-alive"])
+def test_a_connection_lost_while_a_later_request_is_answered_is_a_client_that_left(
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    pipelined: bool,
+) -> None:
+    """The connection's next request (pipelined, or sent on it while the first answer
+    waits to be taken) is the one being answered when the connection is lost: the loss
+    is the first one's too. Before, only the newest request learnt of it, and the first
+    one, its answer still in the write buffer, was recorded 200 committing to all of it."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True, n_ctx=2 * TOKENS)
+    gateway = logged_private_gateway(start_gateway, tmp_path, sim.url, ORIGIN)
+    body = orjson.dumps(
+        {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "y"}]}
+    )
+    later = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n"
+        f"authorization: Bearer {gateway.key}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    slow = _ask(gateway.server.port, TOKENS, gateway.key)
+    try:
+        if pipelined:
+            slow.sendall(later)
+        assert select.select([slow], [], [], 60)[0], "no answer began"
+        until(lambda: gateway.app.answers.held > 0, "the first answer held", timeout=30)
+        first = gateway.app.answers.held
+        _, request_id = _head(slow)
+        if not pipelined:
+            slow.sendall(later)
+        # The later request answered too (its answer held behind the first one's).
+        until(lambda: gateway.app.answers.held > first, "the later answer held", timeout=30)
+    finally:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        slow.close()  # a reset: what the gateway still buffers never reaches the client
+    until(lambda: gateway.app.answers.held == 0, "the answers given back", timeout=30)
+    record = completion_record(tmp_path / "log", request_id)
+    assert (record["status"], record["response_commitment"]) == (499, None), record
+
+
+def test_an_answer_waiting_to_be_taken_holds_no_backend_slot(
+    start_sim: Callable[..., Sim], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """A whole answer's request waits for its client to take the answer (its completion
+    record waits for it), but its backend is done: it is not in flight there. Before, it
+    counted until then, so one tenant's clients that read slowly (two, here, on a backend
+    of one slot) made the backend saturated for every tenant: a request of anyone's waited
+    in the queue until it gave up (503)."""
+    sim = start_sim("vllm", models=("m",), zero_latency=True, n_ctx=2 * TOKENS)
+    queue = {"threshold": 0.01, "max_wait_s": 1.0}
+    one_slot = backend("gpu", sim.url, "m", capacity={"max_concurrency": 1})
+    gateway = logged_gateway(
+        start_gateway, tmp_path, [one_slot], ORIGIN, routing={"default": {"queue": queue}}
+    )
+    state = gateway.app.registry.backends["gpu"]
+    slow: list[socket.socket] = []
+
+    def held_more(than: int) -> Callable[[], bool]:
+        return lambda: gateway.app.answers.held > than
+
+    try:
+        for _ in range(2):
+            held = gateway.app.answers.held
+            slow.append(_ask(gateway.server.port, TOKENS, gateway.key))
+            assert select.select([slow[-1]], [], [], 60)[0], "no answer began"
+            until(held_more(held), "the answer held", timeout=30)
+        assert not [r for r in records(tmp_path / "log") if r["type"] == "completion"]
+        until(lambda: state.inflight == 0, "the backend done with both", timeout=30)
+        ask = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "y"}]}
+        other = httpx.post(
+            f"{gateway.url}/v1/chat/completions",
+            json=ask,
+            headers={"authorization": f"Bearer {gateway.key}"},
+            timeout=30,
+        )
+        assert other.status_code == 200, other.text
+    finally:
+        for client in slow:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()
+    until(lambda: gateway.app.answers.held == 0, "the answers given back", timeout=30)

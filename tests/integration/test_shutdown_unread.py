@@ -151,7 +151,10 @@ def test_a_forced_shutdown_with_a_client_that_reads_nothing_ends_and_says_what_w
     lines = [json.loads(line) for line in printed.splitlines() if line.startswith("{")]
     assert not [line for line in lines if line.get("level") in ("error", "critical")], lines
     # The gateway cut it (its 503), never the 200 it did not send nor a client that left.
-    check_first_answered_second_cut(tmp_path)
+    # The first answer's tail was never taken, and the forced end dropped the connection
+    # holding it: a cut (503) committing to none of it. Before, its record said 200 and
+    # committed to the whole 8 MiB answer, most of which the drop threw away.
+    check_first_answered_second_cut(tmp_path, first_status=503)
 
 
 HEAD_HOOK = """
@@ -230,4 +233,7 @@ def test_a_forced_shutdown_cutting_a_body_whose_head_went_alone_records_no_answe
     assert "Traceback" not in printed and "Exception in ASGI" not in printed, printed[-3000:]
     # Its head went to the connection, none of its body did (the dropped connection
     # lost both): the record commits to no answer, not to the body the client never got.
-    check_first_answered_second_cut(tmp_path)
+    # The first answer's tail was never taken, and the forced end dropped the connection
+    # holding it: a cut (503) committing to none of it. Before, its record said 200 and
+    # committed to the whole 8 MiB answer, most of which the drop threw away.
+    check_first_answered_second_cut(tmp_path, first_status=503)
