@@ -6,6 +6,10 @@ refused, unreachable), `tls` (a handshake refused, never a reason to retry in pl
 HTTP) and `exhausted` (the gateway itself is out of sockets). `peer_of` then says who
 the handshake authenticated, or refuses it as `tls`, before a request byte is written.
 The pool holds a connection slot around both and gives it back when either fails.
+
+A host name is looked up on a thread of its own, de-duplicated and bounded
+(gateway/upstream/backend_names.py), never on the event loop's threads, which a backend
+whose name's lookup hangs took one by one; its addresses are then tried in turn.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import ssl
 from collections.abc import Callable
 
+from gateway.upstream.backend_names import LookupsBusy, backend_addresses
 from gateway.upstream.connection import _Connection, ssl_reason
 from gateway.upstream.failures import UpstreamError, out_of_resources
 from gateway.upstream.tls import BackendTLS, Peer, TLSRejectedError
@@ -33,13 +38,9 @@ async def dial(
     within `timeout` seconds; a failure is an `UpstreamError`, a cancellation raised."""
     try:
         async with asyncio.timeout(timeout):
-            _, conn = await loop.create_connection(
-                protocol,
-                host,
-                port,
-                ssl=None if tls is None else tls.context,
-                server_hostname=None if tls is None else tls.server_name,
-            )
+            conn = await _connect(loop, protocol, host, port, tls)
+    except LookupsBusy as exc:  # other names' lookups hang: not this backend's doing
+        raise UpstreamError("exhausted", f"the gateway cannot look {host} up now: {exc}") from exc
     except TimeoutError as exc:
         raise UpstreamError("connect", "connect timed out") from exc
     except ssl.SSLError as exc:  # before OSError, its base class
@@ -56,6 +57,37 @@ async def dial(
         # certificate with another byte in one is refused like one that cannot be read.
         raise UpstreamError("tls", f"the backend's certificate cannot be read ({exc})") from exc
     return conn
+
+
+async def _connect(
+    loop: asyncio.AbstractEventLoop,
+    protocol: Callable[[], _Connection],
+    host: str,
+    port: int,
+    tls: BackendTLS | None,
+) -> _Connection:
+    """A connection to the first of `host`'s addresses that takes one; the last
+    address's failure where none does (a TLS failure at once: not the address's)."""
+    failure: OSError | None = None
+    for family, address, address_port in await backend_addresses(host, port):
+        try:
+            _, conn = await loop.create_connection(
+                protocol,
+                address,
+                address_port,
+                family=family,
+                ssl=None if tls is None else tls.context,
+                server_hostname=None if tls is None else tls.server_name,
+            )
+        except ssl.SSLError:
+            raise
+        except OSError as exc:
+            if out_of_resources(exc):
+                raise
+            failure = exc
+        else:
+            return conn
+    raise failure if failure is not None else OSError(0, f"{host} has no address")
 
 
 def peer_of(conn: _Connection, tls: BackendTLS, built_with: BackendTLS | None) -> Peer:

@@ -12,6 +12,7 @@ the clock themselves).
 
 from __future__ import annotations
 
+import errno
 import socket
 import ssl
 import threading
@@ -130,3 +131,17 @@ def test_a_log_server_dripping_an_https_head_is_cut_off_at_the_deadline(
     assert dripping.dripped.is_set()  # the handshake went through: the head dripped
     assert len(raised) == 1 and isinstance(raised[0], OSError), raised
     assert f"not received whole within {DEADLINE_S:g} s" in str(raised[0])
+
+
+def test_a_watch_that_cannot_hold_the_socket_closes_it(
+    silent: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Out of descriptors, the watch's duplicate of a new connection's socket fails: the
+    # copy fails, and the connection is closed then, not held by the error's traceback.
+    def no_duplicate(self: socket.socket) -> socket.socket:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(socket.socket, "dup", no_duplicate)
+    raised = _copy(f"http://127.0.0.1:{silent.port}/log/", tmp_path / "copy")
+    assert len(raised) == 1 and "Too many open files" in str(raised[0]), raised
+    assert silent.closed.wait(WAIT_S)  # while `raised` still holds the error

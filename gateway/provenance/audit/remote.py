@@ -244,10 +244,8 @@ def _late(request: urllib.request.Request, limits: FetchLimits, *, whole_copy: b
 
 
 class _Watch:
-    """The socket of one GET, shut down at its deadline (waking a read blocked on it,
-    whatever the read timeout) through a duplicate of its descriptor: TLS detaches the
-    socket object it wraps, and shutting that one down did nothing (an https server that
-    stalled the handshake or dripped a head held the copy past every deadline)."""
+    """The socket of one GET, shut down at its deadline (waking a blocked read, whatever its
+    timeout) through a duplicate of its descriptor: TLS detaches the socket object it wraps."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -284,7 +282,11 @@ def _watched(base: type[http.client.HTTPConnection], watch: _Watch) -> Any:
 
         def _connect_watched(self, *args: Any, **kwargs: Any) -> socket.socket:
             sock = socket.create_connection(*args, **kwargs)
-            watch.attach(sock)
+            try:
+                watch.attach(sock)
+            except BaseException:  # its duplicate failed (EMFILE): closed, not left to the error
+                sock.close()
+                raise
             return sock
 
     return Watched
@@ -317,7 +319,6 @@ class _SameOrigin(urllib.request.HTTPRedirectHandler):
         try:
             return super().http_error_302(req, fp, code, msg, headers)
         except ValueError:  # urllib's urlparse of the location: an ill-formed host
-            fp.close()
             raise MalformedError(
                 f"GET {req.full_url}: HTTP {code} redirects to a URL that does not parse: "
                 "not followed"
