@@ -11,18 +11,17 @@ one instead of starting another: at most one thread per witness, `MAX_LOOKUPS` i
 Not a fixed pool shared by the witnesses: two hostile names hanging took its two threads
 and every other witness's lookup queued behind them. The threads are daemons: a name that
 never resolves does not hold the process at exit (a ThreadPoolExecutor's are joined).
+The lookups are gateway/name_lookups.py's, as a private backend's are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import ipaddress
-import socket
 import ssl
 import threading
-from typing import Any, Final
+from typing import Final
+
+from gateway.name_lookups import Pending, look_up_addresses
 
 __all__ = ["MAX_LOOKUPS", "open_witness_connection"]
 
@@ -31,68 +30,20 @@ MAX_LOOKUPS: Final = 64
 #: addresses of one name tried in turn, at most
 _MAX_ADDRESSES: Final = 8
 
-_pending: dict[tuple[str, int], asyncio.Future[Any]] = {}
+_pending: Pending = {}
 _running = threading.BoundedSemaphore(MAX_LOOKUPS)  # lookup threads alive
 
 
-def _look_up(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], host: str, port: int
-) -> None:
-    try:
-        try:
-            result: Any = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting attempt
-            result = exc
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-            loop.call_soon_threadsafe(_settle, future, result)
-    finally:
-        _running.release()
-
-
-def _settle(future: asyncio.Future[Any], result: Any) -> None:
-    if future.done():
-        return
-    if isinstance(result, BaseException):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
-
-
-def _forget(key: tuple[str, int], future: asyncio.Future[Any]) -> None:
-    if _pending.get(key) is future:
-        del _pending[key]
-    if not future.cancelled():
-        future.exception()  # retrieved: an attempt may have stopped waiting on it
-
-
-async def _addresses(host: str, port: int) -> list[tuple[Any, ...]]:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:  # a literal: nothing to look up
-        return [(socket.AF_INET6 if ":" in host else socket.AF_INET, host, port)]
-    loop = asyncio.get_running_loop()
-    key = (host, port)
-    lookup = _pending.get(key)
-    if lookup is None or lookup.get_loop() is not loop:
-        if not _running.acquire(blocking=False):
-            raise OSError(f"{MAX_LOOKUPS} witness name lookups still running")
-        lookup = loop.create_future()
-        try:
-            threading.Thread(
-                target=_look_up,
-                args=(loop, lookup, host, port),
-                name="owngate-witness-dns",
-                daemon=True,
-            ).start()
-        except BaseException:
-            _running.release()
-            raise
-        _pending[key] = lookup
-        lookup.add_done_callback(functools.partial(_forget, key))
-    infos = await asyncio.shield(lookup)  # a timeout leaves it to the next attempt
-    return [(info[0], info[4][0], info[4][1]) for info in infos[:_MAX_ADDRESSES]]
+async def _addresses(host: str, port: int) -> list[tuple[int, str, int]]:
+    return await look_up_addresses(
+        host,
+        port,
+        pending=_pending,
+        running=_running,
+        busy=f"{MAX_LOOKUPS} witness name lookups still running",
+        thread_name="owngate-witness-dns",
+        max_addresses=_MAX_ADDRESSES,
+    )
 
 
 async def open_witness_connection(
