@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from gateway.provenance.audit.remote import FetchLimits, mirror_log
+from tests.helpers.silent_server import SilentServer, silent_server
 from tests.helpers.tls import Pki, server_context
 
 DEADLINE_S = 0.5
@@ -30,17 +31,15 @@ WAIT_S = 60.0  # half the read timeout: a copy that waits for it fails here
 
 
 class _Server:
-    """A TCP server on loopback: each connection, with `context`, gets a TLS handshake,
-    its request read and a response head that drips a byte at a time (one header line,
-    never ended) until the client goes; without, it is read until its peer closes it,
-    never written to."""
+    """A TLS server on loopback: each connection gets a handshake with `context`, its
+    request read and a response head that drips a byte at a time (one header line, never
+    ended) until the client goes. (One that never answers: tests/helpers/silent_server.py.)"""
 
-    def __init__(self, context: ssl.SSLContext | None) -> None:
+    def __init__(self, context: ssl.SSLContext) -> None:
         self._context = context
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         self.dripped = threading.Event()
-        self.closed = threading.Event()  # a connection's peer closed it (or shut it down)
         self._stop = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -54,11 +53,6 @@ class _Server:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
-            if self._context is None:
-                with conn:
-                    while conn.recv(65536):
-                        pass  # the ClientHello, then nothing
-                return
             with self._context.wrap_socket(conn, server_side=True) as tls:
                 while b"\r\n\r\n" not in tls.recv(65536):
                     pass  # the request head (one read on loopback)
@@ -69,8 +63,6 @@ class _Server:
                     self._stop.wait(0.01)  # the server's pace, not a wait for the client
         except OSError:
             pass  # the client shut the connection: what the test wants
-        finally:
-            self.closed.set()
 
     def close(self) -> None:
         self._stop.set()
@@ -78,12 +70,9 @@ class _Server:
 
 
 @pytest.fixture
-def silent() -> Iterator[_Server]:
-    server = _Server(None)
-    try:
+def silent() -> Iterator[SilentServer]:
+    with silent_server() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -116,12 +105,12 @@ def _copy(url: str, directory: Path) -> list[BaseException]:
 
 
 def test_a_log_server_that_never_finishes_the_handshake_is_cut_off_at_the_deadline(
-    silent: _Server, tmp_path: Path
+    silent: SilentServer, tmp_path: Path
 ) -> None:
     raised = _copy(f"https://127.0.0.1:{silent.port}/log/", tmp_path / "copy")
     assert len(raised) == 1 and isinstance(raised[0], OSError), raised
     assert f"not received whole within {DEADLINE_S:g} s" in str(raised[0])
-    assert silent.closed.wait(WAIT_S)  # the connection was given up, not left open
+    assert silent.closed.acquire(timeout=WAIT_S)  # the connection was given up, not left open
 
 
 def test_a_log_server_dripping_an_https_head_is_cut_off_at_the_deadline(
@@ -134,7 +123,7 @@ def test_a_log_server_dripping_an_https_head_is_cut_off_at_the_deadline(
 
 
 def test_a_watch_that_cannot_hold_the_socket_closes_it(
-    silent: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    silent: SilentServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Out of descriptors, the watch's duplicate of a new connection's socket fails: the
     # copy fails, and the connection is closed then, not held by the error's traceback.
@@ -144,4 +133,4 @@ def test_a_watch_that_cannot_hold_the_socket_closes_it(
     monkeypatch.setattr(socket.socket, "dup", no_duplicate)
     raised = _copy(f"http://127.0.0.1:{silent.port}/log/", tmp_path / "copy")
     assert len(raised) == 1 and "Too many open files" in str(raised[0]), raised
-    assert silent.closed.wait(WAIT_S)  # while `raised` still holds the error
+    assert silent.closed.acquire(timeout=WAIT_S)  # while `raised` still holds the error

@@ -11,8 +11,6 @@ backend timed a 60 s client out in CI).
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import httpx
 import pytest
 
 from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
+from tests.helpers.silent_server import SilentServer, silent_server
 
 pytestmark = LITELLM_WARNINGS
 
@@ -27,55 +26,15 @@ CONNECT_S = 0.5
 CLIENT_S = 30.0  # half the handshake's own minute: a gateway that waits for it fails here
 
 
-class _Silent:
-    """A TCP server that accepts and never writes a byte: each connection is read until
-    its peer closes it (`closed` counts those)."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        self.accepted = 0
-        self.closed = threading.Semaphore(0)
-        self._threads: list[threading.Thread] = []
-        self._accepting = threading.Thread(target=self._accept, daemon=True)
-        self._accepting.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            self.accepted += 1
-            thread = threading.Thread(target=self._drain, args=(conn,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _drain(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                while conn.recv(65536):
-                    pass  # the ClientHello, then nothing
-            except OSError:
-                pass
-        self.closed.release()
-
-    def close(self) -> None:
-        self._server.close()
-
-
 @pytest.fixture
-def silent() -> Iterator[_Silent]:
-    server = _Silent()
-    try:
+def silent() -> Iterator[SilentServer]:
+    with silent_server() as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_provider_that_never_finishes_the_handshake_fails_at_the_connect_timeout(
-    silent: _Silent, start_gateway: Callable[..., Gateway], tmp_path: Path, stream: bool
+    silent: SilentServer, start_gateway: Callable[..., Gateway], tmp_path: Path, stream: bool
 ) -> None:
     (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
     gateway = start_gateway(

@@ -9,8 +9,6 @@ by default): each attempt, and its client, waited that long before failing over.
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.gateways import HOSTED_ONLY_POLICY, LITELLM_WARNINGS, Gateway, hosted_backend
+from tests.helpers.silent_server import SilentServer, silent_server
 
 pytestmark = LITELLM_WARNINGS
 
@@ -25,50 +24,14 @@ CONNECT_S = 0.5
 CLIENT_S = 30.0  # a quarter of the first-byte timeout: a gateway that waits for it fails here
 
 
-class _SilentProxy:
-    """A TCP server that reads each connection (a CONNECT) until its peer closes it and
-    never answers (`closed` counts those)."""
-
-    def __init__(self) -> None:
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        self.heard = threading.Event()  # a CONNECT arrived
-        self.closed = threading.Semaphore(0)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
-
-    def _drain(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                while data := conn.recv(65536):
-                    if data.startswith(b"CONNECT "):
-                        self.heard.set()
-            except OSError:
-                pass
-        self.closed.release()
-
-    def close(self) -> None:
-        self._server.close()
-
-
 @pytest.fixture
-def proxy() -> Iterator[_SilentProxy]:
-    server = _SilentProxy()
-    try:
+def proxy() -> Iterator[SilentServer]:
+    with silent_server() as server:
         yield server
-    finally:
-        server.close()
 
 
 def test_a_proxy_that_never_answers_connect_fails_at_the_connect_timeout(
-    proxy: _SilentProxy, start_gateway: Callable[..., Gateway], tmp_path: Path
+    proxy: SilentServer, start_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:
     (tmp_path / "policy.yaml").write_text(HOSTED_ONLY_POLICY)
     backend = hosted_backend(
