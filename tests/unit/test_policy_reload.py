@@ -41,6 +41,30 @@ def write(path: Path, text: str, mtime_ns: int) -> None:
     os.utime(path, ns=(mtime_ns, mtime_ns))  # each write its own stamp, whatever the clock
 
 
+def started_while_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TrustPolicies:
+    """`TrustPolicies` made from a policy file caught half written (version 1, its class
+    cut before `fallback: never`) and finished (version 2) while the loader compiled it."""
+    import gateway.policy.loader
+    import gateway.policy_set
+
+    policy = tmp_path / "p.yaml"
+    write(policy, HEAD.replace("VERSION", "1"), 1_000_000_000)  # caught half written
+    config = gateway_config(
+        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
+    )
+    real = gateway.policy.loader.load_policies
+
+    def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
+        read = real(*args, **kwargs)
+        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
+        return read
+
+    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
+    trust = TrustPolicies(config, tmp_path)
+    monkeypatch.setattr(gateway.policy_set, "load_policies", real)
+    return trust
+
+
 def test_a_half_written_policy_is_never_loaded(tmp_path: Path) -> None:
     policy = tmp_path / "policies" / "p.yaml"
     policy.parent.mkdir()
@@ -99,24 +123,7 @@ def test_a_policy_file_finished_while_it_was_compiled_is_loaded(
 ) -> None:
     """The files' stamp is taken before they are read: a writer that finishes between
     the read and the stamp would otherwise leave the half it read active for good."""
-    import gateway.policy.loader
-    import gateway.policy_set
-
-    policy = tmp_path / "p.yaml"
-    write(policy, HEAD.replace("VERSION", "1"), 1_000_000_000)  # caught half written
-    config = gateway_config(
-        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
-    )
-    real = gateway.policy.loader.load_policies
-
-    def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
-        read = real(*args, **kwargs)
-        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
-        return read
-
-    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
-    trust = TrustPolicies(config, tmp_path)
-    monkeypatch.setattr(gateway.policy_set, "load_policies", real)
+    trust = started_while_written(tmp_path, monkeypatch)
     assert trust.current.compiled("p").version == "1"
     assert [trust.poll() for _ in range(3)] == [False, True, False]
     assert trust.current.compiled("p").version == "2"
@@ -318,24 +325,7 @@ def test_a_set_read_at_start_while_a_file_was_written_is_not_served(
     writing one: the set it compiled (the class cut before its `fallback: never`) was
     served until the watcher's first settled look. It is `stale` instead (requests 503,
     not ready, `owngate_policy_stale`) until a read finds the files whole."""
-    import gateway.policy.loader
-    import gateway.policy_set
-
-    policy = tmp_path / "p.yaml"
-    write(policy, HEAD.replace("VERSION", "1"), 1_000_000_000)  # caught half written
-    config = gateway_config(
-        [backend("gpu", "http://127.0.0.1:9", "m")], policy={"paths": ["p.yaml"]}
-    )
-    real = gateway.policy.loader.load_policies
-
-    def read_then_finished(*args: Any, **kwargs: Any) -> PolicySet:
-        read = real(*args, **kwargs)
-        write(policy, HEAD.replace("VERSION", "2") + TAIL, 2_000_000_000)
-        return read
-
-    monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_finished)
-    trust = TrustPolicies(config, tmp_path)
-    monkeypatch.setattr(gateway.policy_set, "load_policies", real)
+    trust = started_while_written(tmp_path, monkeypatch)
     assert trust.stale, "a policy set read while a file was being written was served"
     assert not trust.poll()
     assert trust.stale
