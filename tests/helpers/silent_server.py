@@ -33,9 +33,10 @@ class SilentServer:
             except OSError:
                 return  # closed
             self.accepted += 1
-            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
-    def _drain(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket) -> None:
+        """One accepted connection, on a thread of its own (a subclass serves it its way)."""
         with conn:
             try:
                 while data := conn.recv(65536):  # a ClientHello or a CONNECT, then nothing

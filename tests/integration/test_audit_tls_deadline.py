@@ -30,26 +30,16 @@ READ_S = 120.0  # each read's timeout: far past the deadline, and past the test'
 WAIT_S = 60.0  # half the read timeout: a copy that waits for it fails here
 
 
-class _Server:
+class _Server(SilentServer):
     """A TLS server on loopback: each connection gets a handshake with `context`, its
     request read and a response head that drips a byte at a time (one header line, never
-    ended) until the client goes. (One that never answers: tests/helpers/silent_server.py.)"""
+    ended) until the client goes."""
 
     def __init__(self, context: ssl.SSLContext) -> None:
         self._context = context
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
         self.dripped = threading.Event()
         self._stop = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__()  # accepting from here
 
     def _serve(self, conn: socket.socket) -> None:
         try:
@@ -66,7 +56,7 @@ class _Server:
 
     def close(self) -> None:
         self._stop.set()
-        self._server.close()
+        super().close()
 
 
 @pytest.fixture
