@@ -298,8 +298,9 @@ def scan_body(body: bytes) -> BodyScan | None:
     outside = len(body) >= _COUNT_OUTSIDE
     counted = True
     escapes = body.find(b"\\") >= 0  # else no string has one: no search per string
+    quotes = body  # where each quote found ends a string (`_quotes_ending_strings`)
     for _ in range(_WALK_STRINGS):
-        start = body.find(b'"', end + 1)
+        start = quotes.find(b'"', end + 1)
         if start < 0:
             break
         if start - end > _SHORT_GAP:  # counted where it is: copies stay small
@@ -312,10 +313,11 @@ def scan_body(body: bytes) -> BodyScan | None:
             digits = digits or long_digit_run(body, end + 1, start)
         else:
             gaps.append(body[end + 1 : start])
-        end = body.find(b'"', start + 1)
-        # `\\"` inside the string (the index first: a call only after a backslash)
-        while end > 0 and body[end - 1] == 0x5C and _escaped(body, end):
-            end = body.find(b'"', end + 1)
+        end = quotes.find(b'"', start + 1)
+        if end > 0 and quotes[end - 1] == 0x5C:  # perhaps a `\\"` inside the string
+            if quotes is body:
+                quotes = _quotes_ending_strings(body)
+            end = quotes.find(b'"', start + 1)
         if end < 0:
             return None
         if not once or end - start - 1 > _LONGEST_ESCAPED:
@@ -356,12 +358,15 @@ def _searched_once(body: bytes) -> bool:
     return b"\\u" not in body and all(body.count(q) < 2 for q in _QUOTED)
 
 
-def _escaped(body: bytes, quote: int) -> bool:
-    """Whether the quote at `quote` is escaped: an odd run of backslashes before it."""
-    run = quote - 1
-    while body[run] == 0x5C:
-        run -= 1
-    return (quote - 1 - run) % 2 == 1
+def _quotes_ending_strings(body: bytes) -> bytes:
+    """`body` with each escaped backslash and escaped quote (`\\\\`, `\\"`) overwritten
+    by two `_`, in two C passes: every quote left starts or ends a string, at the same
+    offset as in `body` (a valid JSON text). Each run of backslashes in a string begins
+    with an escape, and `replace` pairs them from the left as JSON does. Finding a
+    string's end a quote at a time, each looked back on for the backslashes before it,
+    took a Python loop turn per escaped quote: 2.6 s of the event loop for an 8 MiB body
+    of `\\"`, which a prompt quoting JSON is made of."""
+    return body.replace(b"\\\\", b"__").replace(b'\\"', b"__")
 
 
 def _check_stream_fields(doc: dict[str, Any]) -> None:
