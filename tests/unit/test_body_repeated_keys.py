@@ -242,13 +242,14 @@ def _steps_of_scan(body: bytes) -> int:
         nonlocal steps
         steps += event == "c_call"
 
+    tracer, profiler = sys.gettrace(), sys.getprofile()  # a debugger's or coverage's
     sys.settrace(trace)  # type: ignore[arg-type]
     sys.setprofile(profile)
     try:
         body_module.scan_body(body)
     finally:
-        sys.setprofile(None)
-        sys.settrace(None)
+        sys.setprofile(profiler)
+        sys.settrace(tracer)
     return steps
 
 
