@@ -263,6 +263,9 @@ class Recorder:
                 upstream=trail.upstream,
                 usage_bound=trail.usage_bound(),
                 stream_error=trail.stream_error,
+                # unknown to the tenant: a level-0 neighbour hash in its inclusion proof
+                # confirms no guess of this record (a latency, an attempt's status)
+                blind=secrets.token_hex(32),
             )
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:

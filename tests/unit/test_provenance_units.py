@@ -42,7 +42,13 @@ from gateway.provenance.formats.merkle import (
     verify_inclusion,
 )
 from gateway.provenance.formats.receipts import MAX_SIGNATURES
-from gateway.provenance.formats.records import TraceStep, dispatch_record, refusal_record
+from gateway.provenance.formats.records import (
+    LogEntry,
+    TraceStep,
+    completion_record,
+    dispatch_record,
+    refusal_record,
+)
 from gateway.provenance.formats.tiles import index_path, tile_path, tile_widths
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.testing import (
@@ -180,14 +186,20 @@ def test_records_reject_unknown_fields_and_bad_types() -> None:
         parse_record(b"\xff")
 
 
-@pytest.mark.parametrize("kind", ["dispatch", "refusal"])
+_BUILDERS: dict[str, Any] = {
+    "dispatch": dispatch_record,
+    "refusal": refusal_record,
+    "completion": completion_record,
+}
+
+
+@pytest.mark.parametrize("kind", ["dispatch", "refusal", "completion"])
 def test_a_records_blind_is_optional_and_64_lowercase_hex(kind: str) -> None:
-    """`blind` (32 random bytes no receipt gives) is read in records with and without it;
-    anything but 64 lowercase hex digits (base64 of the bytes, upper case, another
-    length, a number, null, a list) is an invalid record, its value never quoted."""
-    made = (dispatch_record if kind == "dispatch" else refusal_record)(
-        **_BLINDED[kind], blind="0f" * 32
-    )
+    """`blind` (32 random bytes no receipt gives) is read in records with and without it
+    (a log written before it existed still verifies); anything but 64 lowercase hex digits
+    (base64 of the bytes, upper case, another length, a number, null, a list) is an
+    invalid record, its value never quoted, and the builder refuses it too."""
+    made = _BUILDERS[kind](**_BLINDED[kind], blind="0f" * 32)
     assert parse_record(canonical_json(made)).data["blind"] == "0f" * 32
     without = {k: v for k, v in made.items() if k != "blind"}
     assert "blind" not in parse_record(canonical_json(without)).data
@@ -196,6 +208,9 @@ def test_a_records_blind_is_optional_and_64_lowercase_hex(kind: str) -> None:
         with pytest.raises(RecordError, match="field 'blind' has an invalid value") as refused:
             parse_record(canonical_json({**made, "blind": bad}))
         assert str(bad) not in str(refused.value)
+        if isinstance(bad, str):
+            with pytest.raises(RecordError, match="blind"):
+                _BUILDERS[kind](**_BLINDED[kind], blind=bad)
 
 
 _BLINDED: dict[str, dict[str, Any]] = {
@@ -220,6 +235,16 @@ _BLINDED: dict[str, dict[str, Any]] = {
         "rule": "x",
         "reason": "y",
         "request_commitment": None,
+    },
+    "completion": {
+        "request_id": "req_0123456789abcdef01234567",
+        "time": datetime(2026, 1, 1, tzinfo=UTC),
+        "dispatch": LogEntry(3, leaf_hash(b"dispatch")),
+        "status": 502,
+        "error": "upstream_error",
+        "usage": None,
+        "latency_ms": 31,
+        "response_commitment": None,
     },
 }
 

@@ -266,12 +266,13 @@ def completion_record(
     upstream: UpstreamIds | None = None,
     usage_bound: int | None = None,
     stream_error: str | None = None,
+    blind: str | None = None,
 ) -> dict[str, object]:
     """`attestation`: an attested backend's countersignature (or why none was accepted);
     `upstream`: a hosted provider's ids for the answer; `usage_bound`: the tokens the
     tenant was charged instead of `usage`, which exceeded what the request justified;
     `stream_error`: "backend" when the backend's own error event reached the client of a
-    stream. Absent when None."""
+    stream; `blind`: random bytes no receipt gives (schema.py). Absent when None."""
     check_text(request_id, "request_id", empty=False)
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
@@ -300,6 +301,7 @@ def completion_record(
             raise RecordError(found)
     if stream_error is not None:
         check_one_of(stream_error, "stream_error", STREAM_ERRORS)
+    check_hex64(blind, "blind", optional=True)
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",
@@ -326,6 +328,8 @@ def completion_record(
         record["usage_bound"] = usage_bound
     if stream_error is not None:
         record["stream_error"] = stream_error
+    if blind is not None:  # what no receipt gives (schema.py)
+        record["blind"] = blind
     return record
 
 

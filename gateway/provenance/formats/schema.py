@@ -158,6 +158,12 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # A stream whose backend's own error event reached the client (its SDK raised
         # it): "backend"; absent otherwise, and in records written before it existed.
         "stream_error": Omittable(STREAM_ERRORS),
+        # 32 random bytes, in no receipt: the rest of a completion is the tenant's own or
+        # guessable (its dispatch's index and hash, the status and usage it got, the
+        # commitment its salts open, a time and a latency to the millisecond), so a level-0
+        # neighbour hash in its inclusion proof confirmed a guess of it (the latency and
+        # status of an attempt it never saw); absent in records written before it existed.
+        "blind": Omittable(_HEX64),
     },
     "refusal": {
         **_COMMON,
