@@ -9,6 +9,7 @@ of tuples as written).
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 from collections.abc import Callable, Iterator
@@ -394,6 +395,12 @@ def test_the_records_name_the_class_the_gateway_applied_never_the_label(
     code, shown = run_audit_output(["show", str(log), "--json"])
     assert code == 0, shown
     assert json.loads(shown)["data_classes"] == {"phi": 1, "public": 1, "(none)": 1}
+    receipt = tmp_path / "phi.receipt"
+    receipt.write_bytes(base64.b64decode(labelled.headers["x-owngate-receipt"]))
+    argv = ["receipt", "verify", str(receipt), "--key", key, "--log", str(log)]
+    code, shown = run_audit_output(argv)
+    assert code == 0, shown
+    assert "policy eu-health version 1 under data class phi\n" in shown, shown
 
 
 def test_a_refusal_and_a_defaulted_request_name_the_class_they_were_decided_under(
