@@ -34,6 +34,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.logs import get_logger
 from gateway.policy import Decision
 from gateway.provenance import (
+    DataClass,
     LogEntry,
     LogUnavailableError,
     ProvenanceError,
@@ -143,6 +144,8 @@ class Recorder:
             request_commitment=trail.request_commitment,
             peer_spki=None if peer is None else peer.spki_sha256,
             attested=peer is not None and peer.attested,
+            # the policy's class the decision applied (never the label's text)
+            data_class=DataClass(decision.data_class),
             # unknown to the tenant: its receipt's leaf hash confirms no guess of the
             # trace (the backends the decision judged) nor of the fallback basis
             blind=secrets.token_hex(32),
@@ -263,6 +266,9 @@ class Recorder:
                 upstream=trail.upstream,
                 usage_bound=trail.usage_bound(),
                 stream_error=trail.stream_error,
+                # unknown to the tenant: a level-0 neighbour hash in its inclusion proof
+                # confirms no guess of this record (a latency, an attempt's status)
+                blind=secrets.token_hex(32),
             )
             written = self._log.append_soon(record, checked=True)
         except ProvenanceError as exc:
@@ -318,6 +324,7 @@ class Recorder:
             rule=refused.rule,
             reason=refused.code.value,
             request_commitment=trail.request_commitment,
+            data_class=DataClass(refused.decision.data_class),
             # unknown to the tenant: its receipt's leaf hash confirms no guess of the
             # record (a hidden model's names its rule, a made-up one's does not; every
             # trace names the backends the decision judged, which no answer tells it)

@@ -225,6 +225,13 @@ def _receipt_verify(args: argparse.Namespace) -> int:
     size = inclusion.size
     print(f"ok: entry {receipt.index} is in the checkpoint of size {size}")
     dispatch = parse_record(inclusion.entry)
+    if "data_class" in dispatch.data:  # records written before it existed name none
+        policy, name = dispatch.data["policy"], dispatch.data["data_class"]
+        print(
+            f"ok: entry {receipt.index} records the decision of policy {shown(policy['id'])} "
+            f"version {shown(policy['version'])} under data class "
+            + ("(none)" if name is None else shown(name))
+        )
     unsent = None
     if receipt.backend in pins and not dispatch.data["backend"].get("peer"):
         unsent = completion_that_sent_nothing(log, receipt, inclusion, receipt.backend)

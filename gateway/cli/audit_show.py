@@ -86,6 +86,7 @@ def _show(args: argparse.Namespace) -> int:
         print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
     for title, counter in (
         ("region", summary.regions()),
+        ("data class", summary.data_classes),
         ("fallback", summary.fallback_reasons),
         ("refusal", summary.refusal_rules),
     ):

@@ -70,6 +70,7 @@ from gateway.provenance.formats.receipts import (
 )
 from gateway.provenance.formats.records import (
     BackendRef,
+    DataClass,
     LogEntry,
     PolicyRef,
     Record,
@@ -98,6 +99,7 @@ __all__ = [
     "BodyKind",
     "Checkpoint",
     "CommitmentMismatchError",
+    "DataClass",
     "KeyFormatError",
     "LogCorruptedError",
     "LogDirectory",

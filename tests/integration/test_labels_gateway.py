@@ -9,6 +9,8 @@ of tuples as written).
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ from structlog.testing import capture_logs
 from gateway.api.labels import EXCERPT_CHARS, excerpt
 from gateway.app import create_app
 from gateway.config.schema import ListenSettings
-from gateway.provenance import write_signing_key
+from gateway.provenance import load_signer, write_signing_key
 from gateway.serving import ServerThread
 from tests.helpers.gateways import (
     EU_ZERO,
@@ -34,7 +36,7 @@ from tests.helpers.gateways import (
     served,
 )
 from tests.helpers.net import free_port
-from tests.helpers.provenance import log_bytes, request_records
+from tests.helpers.provenance import log_bytes, request_records, run_audit, run_audit_output
 
 Build = Callable[..., tuple[Gateway, Sim, Sim]]
 
@@ -344,3 +346,76 @@ def test_an_unknown_path_is_quoted_bounded(setup: Build) -> None:
     response = httpx.get(f"{gateway.url}/{'p' * 5000}", timeout=10)
     assert response.status_code == 404
     assert len(response.json()["error"]["message"]) < 200
+
+
+def _class_of(log: Path, response: httpx.Response) -> tuple[str, object]:
+    """The type of the request's one dispatch or refusal record and the data class it
+    names (KeyError when it names none: a record written before it did)."""
+    (record,) = [
+        r
+        for r in request_records(log, response.headers["x-request-id"])
+        if r["type"] in ("dispatch", "refusal")
+    ]
+    return record["type"], record["data_class"]
+
+
+def test_the_records_name_the_class_the_gateway_applied_never_the_label(
+    setup: Build, tmp_path: Path
+) -> None:
+    """An auditor re-deciding a record needs the class it was decided under: each
+    dispatch and refusal record names it as the policy's own class name (the label's
+    class, after the gateway's normalisation), null when none applied (no label, no
+    default; a label naming no class, refused), never the client's text."""
+    gateway, _private, _hosted = setup(provenance=True, max_header_bytes=256 * 1024)
+    log = tmp_path / "log"
+    labelled = chat(gateway, [" PHI\t"])
+    assert labelled.status_code == 200, labelled.text
+    assert _class_of(log, labelled) == ("dispatch", "phi")
+    assert _class_of(log, chat(gateway, ["public"])) == ("dispatch", "public")
+    assert _class_of(log, chat(gateway)) == ("dispatch", None)
+    policy_read = [
+        "CANARY-class-unknown",  # a name the policy does not define
+        "\x9b2J\x9b0;0HCANARY\x85phi",  # C1 controls (8-bit CSI, NEL): obs-text to HTTP
+        "CANARY-huge-" + "q" * 64 * 1024,  # 64 KiB
+    ]
+    for label in policy_read:
+        response = chat(gateway, [label])
+        refused_label(response)
+        assert _class_of(log, response) == ("refusal", None), label[:40]
+    for label in ["\x1b[2JCANARY\r\x07phi", "\x00CANARY\x7f"]:  # C0 controls, DEL
+        response = chat(gateway, [label])  # refused by the listener: no header has them
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] != "unknown_data_class"
+    written = log_bytes(log)
+    assert b"CANARY" not in written and b"qqqqqqqq" not in written
+    assert b"PHI" not in written
+    # The auditor's tools count dispatches per class, and verify the log holding them.
+    key = load_signer(tmp_path / "log.key").vkey
+    assert run_audit(["verify", str(log), "--key", key]) == 0
+    code, shown = run_audit_output(["show", str(log), "--json"])
+    assert code == 0, shown
+    assert json.loads(shown)["data_classes"] == {"phi": 1, "public": 1, "(none)": 1}
+    receipt = tmp_path / "phi.receipt"
+    receipt.write_bytes(base64.b64decode(labelled.headers["x-owngate-receipt"]))
+    argv = ["receipt", "verify", str(receipt), "--key", key, "--log", str(log)]
+    code, shown = run_audit_output(argv)
+    assert code == 0, shown
+    assert "policy eu-health version 1 under data class phi\n" in shown, shown
+
+
+def test_a_refusal_and_a_defaulted_request_name_the_class_they_were_decided_under(
+    setup: Build, tmp_path: Path
+) -> None:
+    """The policy's `default_data_class` is the class an unlabelled request is recorded
+    under; a PHI request refused (its class never falls back, the private tier is down)
+    is recorded under `phi`, the class whose rule refused it."""
+    gateway, _private, _hosted = setup(
+        private_up=False, provenance=True, spec="  default_data_class: public\n"
+    )
+    log = tmp_path / "log"
+    unlabelled = chat(gateway)
+    assert unlabelled.status_code == 200, unlabelled.text  # public: may fall back
+    assert _class_of(log, unlabelled) == ("dispatch", "public")
+    refused = chat(gateway, ["phi"])
+    assert refused.status_code == 503, refused.text
+    assert _class_of(log, refused) == ("refusal", "phi")

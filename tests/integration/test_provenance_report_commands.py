@@ -75,6 +75,7 @@ def test_every_figure_is_reproduced_by_its_commands(logdir: Path) -> None:
     for name in (
         "dispatches_by_backend",
         "dispatches_by_region",
+        "dispatches_by_data_class",
         "requests_by_tenant",
         "fallbacks_by_reason",
         "refusals_by_rule",

@@ -191,10 +191,12 @@ def test_show_summarises_backends_fallbacks_and_refusals(
     assert "fallback: 1 x private_saturated" in out
     assert "refusal: 1 x hosted.deny" in out
     assert "region: 5 x eu-west\nregion: 1 x us\n" in out  # per region, over its backends
+    assert "data class: 6 x (not recorded)\n" in out  # records from before the field
     assert run_audit(["show", str(path), "--tenant", "beta", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["dispatched"] == 1 and report["refused"] == 0
     assert report["regions"] == {"eu-west": 1}
+    assert report["data_classes"] == {"(not recorded)": 1}
     argv = ["show", str(path), "--backend", "openai-us", "--json", "--records"]
     assert run_audit(argv) == 0
     report = json.loads(capsys.readouterr().out)

@@ -153,6 +153,7 @@ def test_the_numbers_are_the_counts_of_the_records(logdir: Path) -> None:
     expected = {
         "dispatches_by_backend": [(r["backend"]["id"], r["time"]) for r in dispatches],
         "dispatches_by_region": [(r["backend"]["region"], r["time"]) for r in dispatches],
+        "dispatches_by_data_class": [("(not recorded)", r["time"]) for r in dispatches],
         "requests_by_tenant": [(r["tenant"], r["time"]) for r in first.values()],
         "fallbacks_by_reason": [(r["fallback"], r["time"]) for r in dispatches if r["fallback"]],
         "refusals_by_rule": [(r["rule"], r["time"]) for r in refusals],
@@ -228,7 +229,7 @@ def test_the_page_is_self_contained_well_formed_and_escapes_the_log(logdir: Path
     for name, value in parsed.attributes:
         assert name not in ("src", "href", "xlink:href"), (name, value)
         assert "http" not in (value or ""), (name, value)
-    assert parsed.tags["svg"] == 7  # five time series, checkpoints, cosignatures
+    assert parsed.tags["svg"] == 8  # six time series, checkpoints, cosignatures
     assert parsed.tags["rect"] > 0 and parsed.tags["circle"] > 0
     text = "".join(parsed.text)
     for value in (EVIL_TENANT, EVIL_RULE, EVIL_BACKEND.id, EVIL_BACKEND.region):
@@ -295,7 +296,7 @@ def test_a_log_of_several_bundles_spans_hours(tmp_path: Path) -> None:
     by_tenant = report["figures"]["requests_by_tenant"]
     assert by_tenant["totals"] == dict(Counter(f"t{n % 7}" for n in range(0, 300 * 60, 60)))
     assert sum(row["count"] for row in by_tenant["counts"]) == 300
-    assert _parse(render_html(report)).tags["svg"] == 4  # no fallback, refusal, witness
+    assert _parse(render_html(report)).tags["svg"] == 5  # no fallback, refusal, witness
 
 
 TEN_YEARS = 10 * 365 * 86400
@@ -326,7 +327,8 @@ def test_records_of_a_clock_that_stepped_get_wider_buckets_not_millions(tmp_path
     assert len(counts) == 3 and sum(row["count"] for row in counts) == len(moments)
     page = render_html(report)
     assert len(page) < 200_000
-    assert _parse(page).tags["rect"] == 3 * 3  # 3 buckets: backend, region, tenant charts
+    # 3 buckets: the backend, region, data class and tenant charts
+    assert _parse(page).tags["rect"] == 3 * 4
 
 
 def test_the_cli_writes_both_and_refuses_no_output(

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
 
 from gateway.canonical import canonical_json
+from gateway.policy.schema import DataClassName
 from gateway.provenance import (
     Checkpoint,
     CommitmentMismatchError,
@@ -42,7 +44,15 @@ from gateway.provenance.formats.merkle import (
     verify_inclusion,
 )
 from gateway.provenance.formats.receipts import MAX_SIGNATURES
-from gateway.provenance.formats.records import TraceStep, dispatch_record, refusal_record
+from gateway.provenance.formats.records import (
+    DataClass,
+    LogEntry,
+    TraceStep,
+    completion_record,
+    dispatch_record,
+    refusal_record,
+)
+from gateway.provenance.formats.schema import DATA_CLASS_NAME
 from gateway.provenance.formats.tiles import index_path, tile_path, tile_widths
 from gateway.provenance.formats.tree import TiledTree
 from gateway.provenance.testing import (
@@ -180,14 +190,20 @@ def test_records_reject_unknown_fields_and_bad_types() -> None:
         parse_record(b"\xff")
 
 
-@pytest.mark.parametrize("kind", ["dispatch", "refusal"])
+_BUILDERS: dict[str, Any] = {
+    "dispatch": dispatch_record,
+    "refusal": refusal_record,
+    "completion": completion_record,
+}
+
+
+@pytest.mark.parametrize("kind", ["dispatch", "refusal", "completion"])
 def test_a_records_blind_is_optional_and_64_lowercase_hex(kind: str) -> None:
-    """`blind` (32 random bytes no receipt gives) is read in records with and without it;
-    anything but 64 lowercase hex digits (base64 of the bytes, upper case, another
-    length, a number, null, a list) is an invalid record, its value never quoted."""
-    made = (dispatch_record if kind == "dispatch" else refusal_record)(
-        **_BLINDED[kind], blind="0f" * 32
-    )
+    """`blind` (32 random bytes no receipt gives) is read in records with and without it
+    (a log written before it existed still verifies); anything but 64 lowercase hex digits
+    (base64 of the bytes, upper case, another length, a number, null, a list) is an
+    invalid record, its value never quoted, and the builder refuses it too."""
+    made = _BUILDERS[kind](**_BLINDED[kind], blind="0f" * 32)
     assert parse_record(canonical_json(made)).data["blind"] == "0f" * 32
     without = {k: v for k, v in made.items() if k != "blind"}
     assert "blind" not in parse_record(canonical_json(without)).data
@@ -196,6 +212,43 @@ def test_a_records_blind_is_optional_and_64_lowercase_hex(kind: str) -> None:
         with pytest.raises(RecordError, match="field 'blind' has an invalid value") as refused:
             parse_record(canonical_json({**made, "blind": bad}))
         assert str(bad) not in str(refused.value)
+        if isinstance(bad, str):
+            with pytest.raises(RecordError, match="blind"):
+                _BUILDERS[kind](**_BLINDED[kind], blind=bad)
+
+
+@pytest.mark.parametrize("kind", ["dispatch", "refusal"])
+def test_a_records_data_class_is_a_policys_class_name_null_or_absent(kind: str) -> None:
+    """`data_class`: a policy's class name, null (none applied) or absent (a record
+    written before it existed); a label's text (upper case, spaces, control characters,
+    over 63 characters, a number) is an invalid record, and no `DataClass` is made of it."""
+    for name in ("phi", "a", "x" * 63, "eu-health_2", None):
+        made = _BUILDERS[kind](**_BLINDED[kind], data_class=DataClass(name))
+        assert parse_record(canonical_json(made)).data["data_class"] == name
+    assert "data_class" not in _BUILDERS[kind](**_BLINDED[kind])
+    made = _BUILDERS[kind](**_BLINDED[kind], data_class=DataClass("phi"))
+    for bad in ["PHI", " phi", "phi\n", "\x1bphi", "x" * 64, "-phi", "", "ph.i", 5, ["phi"]]:
+        with pytest.raises(RecordError, match="field 'data_class' has an invalid value") as no:
+            parse_record(canonical_json({**made, "data_class": bad}))
+        assert not bad or repr(bad) not in str(no.value)
+        with pytest.raises(RecordError, match="data_class") as no:
+            DataClass(bad)  # type: ignore[arg-type]
+        assert not bad or repr(bad) not in str(no.value)
+    with pytest.raises(RecordError, match="data_class must be a DataClass"):
+        _BUILDERS[kind](**_BLINDED[kind], data_class="phi")
+
+
+def test_a_records_class_names_are_the_policys() -> None:
+    """The record schema takes a class name exactly when a policy may define it."""
+    policy_names = TypeAdapter(DataClassName)
+    samples = ["phi", "a", "0", "x" * 63, "x" * 64, "eu_health-2", "-x", "_x", "Phi", "p.h"]
+    for name in [*samples, "", "ph i", "phi\n", "\u0440hi", "phi/x"]:
+        try:
+            policy_names.validate_python(name)
+        except ValidationError:
+            assert DATA_CLASS_NAME.match(name) is None, name
+        else:
+            assert DATA_CLASS_NAME.match(name) is not None, name
 
 
 _BLINDED: dict[str, dict[str, Any]] = {
@@ -220,6 +273,16 @@ _BLINDED: dict[str, dict[str, Any]] = {
         "rule": "x",
         "reason": "y",
         "request_commitment": None,
+    },
+    "completion": {
+        "request_id": "req_0123456789abcdef01234567",
+        "time": datetime(2026, 1, 1, tzinfo=UTC),
+        "dispatch": LogEntry(3, leaf_hash(b"dispatch")),
+        "status": 502,
+        "error": "upstream_error",
+        "usage": None,
+        "latency_ms": 31,
+        "response_commitment": None,
     },
 }
 

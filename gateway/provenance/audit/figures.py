@@ -13,6 +13,8 @@ index). So the definitions here are kept to what a short `jq` filter can say:
   such record (the tenant and time of that record);
 * a fallback is a dispatch whose `fallback` is not null; its rate is over dispatches;
 * a refusal's rule is its `rule`; its rate is over requests;
+* a dispatch's data class is its `data_class`, `(none)` when null (no class applied) and
+  `(not recorded)` in records written before it existed;
 * a checkpoint's time is the time of the newest entry it covers (checkpoints carry no
   time; it was signed at or after it); a cosignature's time is the witness's timestamp.
 """
@@ -35,6 +37,7 @@ __all__ = [
     "Cosignatures",
     "Invocation",
     "bucket_seconds",
+    "data_class_key",
     "figures",
     "iso_time",
     "record_seconds",
@@ -79,6 +82,16 @@ class Cosignatures:
     found: tuple[tuple[int, str, int], ...] = ()
 
 
+def data_class_key(data: dict[str, Any]) -> str:
+    """A dispatch or refusal record's data class as a figure's key: the class name,
+    `(none)` for null, `(not recorded)` when the record predates the field (a class name
+    has no parentheses, so neither is ever a class)."""
+    if "data_class" not in data:
+        return "(not recorded)"
+    name = data["data_class"]
+    return "(none)" if name is None else str(name)
+
+
 def record_seconds(time: str) -> int:
     """A record time (`2026-01-31T12:00:00.250Z`) as POSIX seconds, truncated."""
     return int(datetime.fromisoformat(time[:19] + "+00:00").timestamp())
@@ -119,6 +132,7 @@ def _widened(tally: dict[str, Counter[tuple[str, int]]], width: int) -> int:
 _SERIES = (
     "dispatches_by_backend",
     "dispatches_by_region",
+    "dispatches_by_data_class",
     "requests_by_tenant",
     "fallbacks_by_reason",
     "refusals_by_rule",
@@ -135,6 +149,13 @@ _DEFINITIONS: dict[str, tuple[str, str, str]] = {
         "Dispatches per region",
         "dispatch records per region of the backend they went to",
         _DISPATCH.replace("FIELD", "region"),
+    ),
+    "dispatches_by_data_class": (
+        "Dispatches per data class",
+        "dispatch records per data class the policy decision applied (`(none)`: none; "
+        "`(not recorded)`: a record written before records named it)",
+        '[.records[] | select(.type=="dispatch") | {key: (if has("data_class") then '
+        '(.data_class // "(none)") else "(not recorded)" end), bucket: BUCKET}]',
     ),
     "requests_by_tenant": (
         "Requests per tenant",
@@ -193,6 +214,7 @@ class _Fold:
         self.dispatches += 1
         tally["dispatches_by_backend"][data["backend"]["id"], bucket] += 1
         tally["dispatches_by_region"][data["backend"]["region"], bucket] += 1
+        tally["dispatches_by_data_class"][data_class_key(data), bucket] += 1
         if data["fallback"] is not None:
             self.fallbacks += 1
             tally["fallbacks_by_reason"][data["fallback"], bucket] += 1

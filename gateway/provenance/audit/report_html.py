@@ -280,6 +280,7 @@ def render_html(report: dict[str, Any]) -> str:
         for name in (
             "dispatches_by_backend",
             "dispatches_by_region",
+            "dispatches_by_data_class",
             "requests_by_tenant",
             "fallbacks_by_reason",
             "refusals_by_rule",

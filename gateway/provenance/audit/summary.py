@@ -1,4 +1,5 @@
-"""What `owngate audit show` reports: requests per backend and region, fallbacks, refusals.
+"""What `owngate audit show` reports: requests per backend, region and data class,
+fallbacks, refusals.
 
 `summarise` folds records (in log order) into a `Summary`, keeping only those that match
 the `Filters`. A completion matches when its dispatch did (it carries no tenant/backend).
@@ -11,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gateway.provenance.audit.figures import data_class_key
 from gateway.provenance.formats.records import Record
 
 __all__ = ["BackendRow", "Filters", "Summary", "summarise"]
@@ -52,6 +54,7 @@ class BackendRow:
 class Summary:
     records: list[tuple[int, Record]] = field(default_factory=list)
     backends: dict[tuple[str, str], BackendRow] = field(default_factory=dict)
+    data_classes: Counter[str] = field(default_factory=Counter)  # dispatches per class
     fallback_reasons: Counter[str] = field(default_factory=Counter)
     refusal_rules: Counter[str] = field(default_factory=Counter)
     dispatched: int = 0
@@ -84,6 +87,7 @@ class Summary:
                 }
                 for row in self.backends.values()
             ],
+            "data_classes": dict(self.data_classes),
             "fallback_reasons": dict(self.fallback_reasons),
             "refusal_rules": dict(self.refusal_rules),
         }
@@ -104,6 +108,7 @@ def summarise(
             row = summary.backends.setdefault(key, BackendRow(*key, backend["tier"]))
             row.dispatched += 1
             summary.dispatched += 1
+            summary.data_classes[data_class_key(data)] += 1
             if data["fallback"] is not None:
                 row.fallbacks += 1
                 summary.fallback_reasons[data["fallback"]] += 1

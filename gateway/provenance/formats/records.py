@@ -9,7 +9,8 @@ Four record types, each one log entry, RFC 8785 canonical JSON:
 
 Records carry salted commitments to bodies, never content (docs/provenance.md); `parse_record`
 (record_parser.py, re-exported here) rejects unknown fields and wrong types: a closed schema.
-The builders check their input (record_checks.py) and raise RecordError for anything the
+The builders take the values of record_types.py (re-exported here), check their input
+(record_checks.py) and raise RecordError for anything the
 schema would refuse, so what they return is valid by construction: appended with
 `checked=True`, unwalked (tests/unit/test_provenance_units.py holds the two to agreement).
 """
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
 
 from gateway.provenance.errors import RecordError
 from gateway.provenance.formats.attestation import Attestation
@@ -41,6 +40,15 @@ from gateway.provenance.formats.record_parser import (
     parse_record,
     validate_record,
 )
+from gateway.provenance.formats.record_types import (
+    BackendRef,
+    DataClass,
+    LogEntry,
+    PolicyRef,
+    Retention,
+    TraceStep,
+    Usage,
+)
 from gateway.provenance.formats.schema import (
     ADMIN_OUTCOMES,
     SCHEMA_VERSION,
@@ -53,6 +61,7 @@ __all__ = [
     "RECORD_TYPES",
     "SCHEMA_VERSION",
     "BackendRef",
+    "DataClass",
     "LogEntry",
     "PolicyRef",
     "Record",
@@ -68,83 +77,6 @@ __all__ = [
     "refusal_record",
     "validate_record",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class LogEntry:
-    """Where an appended record landed: its leaf index and RFC 6962 leaf hash."""
-
-    index: int
-    leaf_hash: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyRef:
-    id: str
-    version: str
-    digest: str
-
-    def __post_init__(self) -> None:
-        for name in ("id", "version", "digest"):
-            check_text(getattr(self, name), f"policy {name}")
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    days: int
-    zero_data_retention: bool
-    training: bool
-
-    def __post_init__(self) -> None:
-        check_count(self.days, "retention days")
-        check_flag(self.zero_data_retention, "zero_data_retention")
-        check_flag(self.training, "training")
-
-
-@dataclass(frozen=True, slots=True)
-class BackendRef:
-    id: str
-    tier: Literal["private", "hosted"]
-    kind: str
-    provider: str
-    owner: str
-    region: str
-    retention: Retention
-
-    def __post_init__(self) -> None:
-        check_text(self.id, "backend id", empty=False)
-        if self.tier not in ("private", "hosted"):
-            raise RecordError(f"backend tier must be private or hosted, not {self.tier!r}")
-        for name in ("kind", "provider", "owner", "region"):
-            check_text(getattr(self, name), f"backend {name}")
-        if type(self.retention) is not Retention:
-            raise RecordError("backend retention must be a Retention")
-
-
-@dataclass(frozen=True, slots=True)
-class TraceStep:
-    """One line of the policy decision trace: a backend admitted or excluded, by which rule."""
-
-    backend: str
-    verdict: Literal["admitted", "excluded"]
-    rule: str
-
-    def __post_init__(self) -> None:
-        check_text(self.backend, "trace backend")
-        if self.verdict not in ("admitted", "excluded"):
-            raise RecordError(f"trace verdict must be admitted or excluded, not {self.verdict!r}")
-        check_text(self.rule, "trace rule")
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    def __post_init__(self) -> None:
-        for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
-            check_count(getattr(self, name), name)
 
 
 def format_time(moment: datetime) -> str:
@@ -172,6 +104,12 @@ def _policy(policy: PolicyRef) -> dict[str, object]:
     return {"id": policy.id, "version": policy.version, "digest": policy.digest}
 
 
+def _data_class(data_class: DataClass | None) -> str | None:
+    if data_class is not None and type(data_class) is not DataClass:
+        raise RecordError("data_class must be a DataClass or None")
+    return None if data_class is None else data_class.name
+
+
 def _trace(trace: Sequence[TraceStep]) -> list[object]:
     steps: list[object] = []
     for s in trace:
@@ -197,12 +135,14 @@ def dispatch_record(
     fallback_basis: Sequence[tuple[str, str]] | None = None,
     provider_model: str | None = None,
     blind: str | None = None,
+    data_class: DataClass | None = None,
 ) -> dict[str, object]:
     """`peer_spki`: the key the backend presented on the connection that carried the
     request (`sha256//` + base64), `attested`: its certificate stated the backend's facts;
     `fallback_basis` (with `fallback_reason`): each eligible private backend's state that
     allowed the fallback; `provider_model`: the model string a hosted attempt sends its
-    provider; `blind`: random bytes no receipt gives (schema.py). Absent when None."""
+    provider; `blind`: random bytes no receipt gives (schema.py); `data_class`: the class
+    the decision applied (its `name` None: written as null). Absent when None."""
     check_text(request_id, "request_id", empty=False)
     check_text(tenant, "tenant")
     check_text(model, "model")
@@ -218,6 +158,7 @@ def dispatch_record(
     if provider_model is not None:
         check_text(provider_model, "provider_model", empty=False)
     check_hex64(blind, "blind", optional=True)
+    applied = _data_class(data_class)
     r = backend.retention
     ref: dict[str, object] = {
         "id": backend.id,
@@ -249,6 +190,8 @@ def dispatch_record(
     }
     optional = {"fallback_basis": basis, "provider_model": provider_model, "blind": blind}
     record.update((name, value) for name, value in optional.items() if value is not None)
+    if data_class is not None:
+        record["data_class"] = applied
     return record
 
 
@@ -266,12 +209,13 @@ def completion_record(
     upstream: UpstreamIds | None = None,
     usage_bound: int | None = None,
     stream_error: str | None = None,
+    blind: str | None = None,
 ) -> dict[str, object]:
     """`attestation`: an attested backend's countersignature (or why none was accepted);
     `upstream`: a hosted provider's ids for the answer; `usage_bound`: the tokens the
     tenant was charged instead of `usage`, which exceeded what the request justified;
     `stream_error`: "backend" when the backend's own error event reached the client of a
-    stream. Absent when None."""
+    stream; `blind`: random bytes no receipt gives (schema.py). Absent when None."""
     check_text(request_id, "request_id", empty=False)
     if type(dispatch) is not LogEntry or len(dispatch.leaf_hash) != 32:
         raise RecordError("dispatch must be the LogEntry of the dispatch record")
@@ -300,6 +244,7 @@ def completion_record(
             raise RecordError(found)
     if stream_error is not None:
         check_one_of(stream_error, "stream_error", STREAM_ERRORS)
+    check_hex64(blind, "blind", optional=True)
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "completion",
@@ -326,6 +271,8 @@ def completion_record(
         record["usage_bound"] = usage_bound
     if stream_error is not None:
         record["stream_error"] = stream_error
+    if blind is not None:  # what no receipt gives (schema.py)
+        record["blind"] = blind
     return record
 
 
@@ -341,7 +288,9 @@ def refusal_record(
     reason: str,
     request_commitment: str | None,
     blind: str | None = None,
+    data_class: DataClass | None = None,
 ) -> dict[str, object]:
+    """`data_class`: as a dispatch record's (None: absent)."""
     check_text(request_id, "request_id", empty=False)
     check_text(tenant, "tenant")
     check_text(model, "model")
@@ -349,6 +298,7 @@ def refusal_record(
     check_text(reason, "reason")
     check_hex64(request_commitment, "request_commitment", optional=True)
     check_hex64(blind, "blind", optional=True)
+    applied = _data_class(data_class)
     record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "refusal",
@@ -364,6 +314,8 @@ def refusal_record(
     }
     if blind is not None:  # what no receipt gives (schema.py)
         record["blind"] = blind
+    if data_class is not None:
+        record["data_class"] = applied
     return record
 
 

@@ -28,6 +28,7 @@ from gateway.provenance.formats.receipt_payload import REQUEST_ID
 __all__ = [
     "ADMIN_OUTCOMES",
     "BASIS_STATES",
+    "DATA_CLASS_NAME",
     "RECORD_SCHEMAS",
     "SCHEMA_VERSION",
     "STATUSES",
@@ -83,6 +84,8 @@ _BASE64 = re.compile(r"[A-Za-z0-9+/]{86}==\Z")  # an Ed25519 signature
 _UPSTREAM_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}\Z")
 _UPSTREAM_MODEL = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}\Z")  # formats/upstream_ids.py
 _IDS = ListOf({"header": str, "value": _UPSTREAM_ID})
+# A policy's data-class name (gateway/policy/schema.py `DataClassName`): never a label's text.
+DATA_CLASS_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}\Z")
 _POLICY = {"id": str, "version": str, "digest": str}
 _TRACE = ListOf({"backend": str, "verdict": frozenset({"admitted", "excluded"}), "rule": str})
 _COMMON: dict[str, object] = {
@@ -123,6 +126,10 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # its own or guessable, so the receipt's leaf hash confirmed a guess of them;
         # absent in records written before it existed.
         "blind": Omittable(_HEX64),
+        # The data class the decision applied: one of the policy's class names (the label's
+        # class, or the policy's default for an unlabelled request), null for none; never
+        # the label's text. Absent in records written before it existed.
+        "data_class": Omittable(Optional(DATA_CLASS_NAME)),
     },
     "completion": {
         **_COMMON,
@@ -158,6 +165,12 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # A stream whose backend's own error event reached the client (its SDK raised
         # it): "backend"; absent otherwise, and in records written before it existed.
         "stream_error": Omittable(STREAM_ERRORS),
+        # 32 random bytes, in no receipt: the rest of a completion is the tenant's own or
+        # guessable (its dispatch's index and hash, the status and usage it got, the
+        # commitment its salts open, a time and a latency to the millisecond), so a level-0
+        # neighbour hash in its inclusion proof confirmed a guess of it (the latency and
+        # status of an attempt it never saw); absent in records written before it existed.
+        "blind": Omittable(_HEX64),
     },
     "refusal": {
         **_COMMON,
@@ -173,6 +186,8 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         # (gateway/api/listing.py) and, from its trace, which backends the decision judged;
         # absent in records written before every refusal held it (only 404s did, or none).
         "blind": Omittable(_HEX64),
+        # As a dispatch's: null also when the label named no class of the policy's.
+        "data_class": Omittable(Optional(DATA_CLASS_NAME)),
     },
     # An action taken through the admin API (gateway/admin/): who (the role and the first
     # 12 hex digits of the admin token's digest), what, and the digest of the change.
