@@ -65,7 +65,6 @@ from gateway.api.exchange import (
     relayed,
     send_relayed,
     send_whole,
-    taken,
 )
 from gateway.api.hosted_failures import judge, last_error, untranslated
 from gateway.api.hosted_signals import HostedSignals
@@ -314,8 +313,8 @@ class HostedRelay:
                             exchange.trail.reported(response.usage)
             attempt.succeeded()  # judged by how the stream ended
         except (HostedError, TimeoutError) as exc:
-            if done:  # (what the write buffer held may be out now)
-                await _done_taken(exchange)
+            if done:
+                _taken(exchange)  # (what the write buffer held may be out now)
             if client_left(exchange):
                 raise asyncio.CancelledError from exc
             if done:  # after `[DONE]` (LiteLLM's close, the stream timeout): the
@@ -339,8 +338,8 @@ class HostedRelay:
             )
             code = ErrorCode.upstream_timeout if kind == "timeout" else ErrorCode.upstream_error
             await break_stream(send, exchange, GatewayError(code, message))
-        if done:  # (what the write buffer held may be out now)
-            await _done_taken(exchange)
+        if done:
+            _taken(exchange)  # (what the write buffer held may be out now)
         if response.usage is not None and exchange.trail is not None:
             exchange.trail.reported(response.usage)  # also when the client did not ask for it
         attempt.leave()  # the provider is done: not in flight while its client takes the end
@@ -362,18 +361,6 @@ class HostedRelay:
 
 def _now() -> float:
     return asyncio.get_running_loop().time()
-
-
-async def _done_taken(exchange: Exchange) -> None:
-    """The provider's stream is over: before the stream's end goes out, wait until the
-    kernel took the gateway's `[DONE]` if the write buffer still holds it (`taken`), as
-    for a private stream (gateway/api/stream_relay.py `_done_taken`): a client that read
-    it and left before the receipt line behind it was taken read the answer whole."""
-    writer = exchange.writer
-    unread = not exchange.read_whole and writer is not None and writer.unsent
-    if unread and not client_left(exchange):
-        await taken(exchange)
-    _taken(exchange)
 
 
 def _taken(exchange: Exchange) -> None:

@@ -15,13 +15,7 @@ import asyncio
 from collections.abc import Callable
 
 from gateway.api.attested import SseTail
-from gateway.api.exchange import (
-    Exchange,
-    client_left,
-    first_chunk_seconds,
-    send_relayed,
-    taken,
-)
+from gateway.api.exchange import Exchange, client_left, first_chunk_seconds, send_relayed
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.sse import StreamWatch
 from gateway.api.sse_framing import one_data_line
@@ -162,7 +156,7 @@ class StreamRelay:
             last = await _relay_chunk(send, exchange, watch.flush(), watch, tail) or last
             if watch.events.keeps_id and _unsigned(tail):
                 last = await _relay_chunk(send, exchange, _id_reset(last, watch), watch, tail)
-            await _done_taken(exchange, watch, tail)  # before the gateway's end goes out
+            _sent(exchange, watch, tail)  # (what the write buffer held may be out now)
             watch.end()  # the receipt line ends the client's last event
             if response.ended_by_close and not _ended(watch):
                 # No framing: the close ended the body, and before `[DONE]` (or the
@@ -183,7 +177,6 @@ class StreamRelay:
                 # data line (`watch.done` alone) is no end to the SDK, whose JSON read of
                 # that event raises. (An attested answer is whole only with the
                 # countersignature that follows [DONE].)
-                await _done_taken(exchange, watch, tail)
                 return None, _open(last)
             broke = exc.kind
             error = GatewayError(
@@ -232,22 +225,6 @@ def _sent(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
     watch.sent_done = True
     if tail is None:
         exchange.read_whole = True
-
-
-async def _done_taken(exchange: Exchange, watch: StreamWatch, tail: SseTail | None) -> None:
-    """The backend's stream is over: before the gateway's own end goes out after it (the
-    receipt line), wait until the kernel took the event the client's SDK stops at, if
-    the write buffer still holds it (`taken`), so that a client that leaves once it read
-    it (the SDKs close there) is recorded with it (`_sent`). Else the receipt line would
-    sit behind it in that buffer, and a client that read `[DONE]` and left before the
-    receipt line was taken would be 499 for an answer it read whole. A connection lost
-    first: the client never read it (the stream's end then raises, 499)."""
-    events = watch.events
-    writer = exchange.writer
-    unread = writer is not None and writer.unsent and not watch.sent_done
-    if unread and (events.done or events.error_event) and not client_left(exchange):
-        await taken(exchange)
-    _sent(exchange, watch, tail)
 
 
 def _ended(watch: StreamWatch) -> bool:

@@ -26,13 +26,7 @@ from tests.helpers.processes import GatewayProcess
 from tests.helpers.provenance import records
 from tests.helpers.raw_backend import Post
 
-__all__ = [
-    "big_or_small",
-    "check_first_answered_second_cut",
-    "lost_seen",
-    "start_hooked",
-    "taken_awaited",
-]
+__all__ = ["big_or_small", "check_first_answered_second_cut", "lost_seen", "start_hooked"]
 
 
 def big_or_small(
@@ -110,21 +104,3 @@ def lost_seen(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     monkeypatch.setattr(BodyWriter, "lost", noticed)
     return seen
-
-
-def taken_awaited(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
-    """Set once an in-process gateway's request waits for the kernel to take what its
-    connection's write buffer holds (`BodyWriter.taken` called while that buffer holds
-    any of it), with what it held then (`BodyWriter.unsent`)."""
-    awaited = threading.Event()
-    held: list[int] = []
-    taken = BodyWriter.taken
-
-    async def waiting(writer: BodyWriter) -> bool:
-        if writer.unsent and not awaited.is_set():
-            held.append(writer.unsent)
-            awaited.set()
-        return await taken(writer)
-
-    monkeypatch.setattr(BodyWriter, "taken", waiting)
-    return awaited, held

@@ -50,7 +50,7 @@ from tests.helpers.audit_rig import (
 )
 from tests.helpers.gateways import LITELLM_WARNINGS, Gateway, backend
 from tests.helpers.hold import Hold
-from tests.helpers.hooked_gateway import lost_seen, taken_awaited
+from tests.helpers.hooked_gateway import lost_seen
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 from tests.helpers.raw_socket import request_id_of, stalled_chat
@@ -247,8 +247,7 @@ def test_a_hosted_streams_done_left_in_the_write_buffer_is_not_read_by_a_client_
 ) -> None:
     """The hosted stream's `[DONE]` (the gateway's own) handed to the connection of a
     client that stopped reading stays in the gateway's write buffer (the flow control
-    bent so that it writes on); the client resets while the stream's end is readied (or,
-    since the end waits for the kernel to take `[DONE]`, while it waits for that): it
+    bent so that it writes on); the client resets while the stream's end is readied: it
     never got `[DONE]`, so it is 499, as for a private stream
     (tests/integration/test_log_truth_sdk_end.py). Before, 200."""
     buffered: list[int] = []  # what the write buffer held once `[DONE]` was handed to it
@@ -269,7 +268,6 @@ def test_a_hosted_streams_done_left_in_the_write_buffer_is_not_read_by_a_client_
 
     monkeypatch.setattr("gateway.api.hosted_relay.send_relayed", relaying)
     seen = lost_seen(monkeypatch)
-    awaited, _ = taken_awaited(monkeypatch)
     hold = Hold(monkeypatch, Trail, "sealed_receipt")
     big = openai_chunk(b'[{"index":0,"delta":{"content":"%s"}}]' % (b"x" * 8000))
     raw = start_raw(writes(*chunked(HOSTED_EVENT, *[big] * 40, HOSTED_END, DONE)))
@@ -277,8 +275,7 @@ def test_a_hosted_streams_done_left_in_the_write_buffer_is_not_read_by_a_client_
     sock, head = stalled_chat(gateway.server.port, gateway.key, json.dumps(HOSTED_ASK).encode())
     try:
         assert head.startswith(b"HTTP/1.1 200"), head
-        # (it readies the end once the kernel took `[DONE]`: it waits for that first)
-        until(lambda: hold.entered.is_set() or awaited.is_set(), "the end readied", timeout=60)
+        assert hold.entered.wait(60), "the gateway never readied the stream's end"
         assert buffered and buffered[0] > 0, "the kernel took [DONE]: no write buffer to test"
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()  # a reset (linger 0): what the write buffer held is dropped

@@ -9,9 +9,9 @@ stream ends. Before, its completion record said 200 and committed to the whole s
 soon as its end was handed to that buffer; the client then reset (or the gateway died)
 and got none of that tail, while the signed log said it got all of it. Now, as for a
 whole answer (tests/integration/test_log_truth_killed_unread.py), the completion waits
-until the kernel took the stream's end (and the receipt line goes out once it took the
-`[DONE]` before it): a connection lost first is a client that left, 499, also with a
-pipelined request behind it, the connection's newest when it goes (`ConnectionLoss`).
+until the kernel took the stream's end: a connection lost first is a client that left,
+499, also when a later request of the connection (pipelined, or sent once the stream's
+end went to the connection) is the one being answered as it goes (`ConnectionLoss`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,6 @@ import pytest
 from gateway.api import passthrough, stream_relay, stream_writes
 from tests.helpers.audit_rig import chunked, logged, request_log, settled, writes
 from tests.helpers.gateways import Gateway, backend
-from tests.helpers.hooked_gateway import taken_awaited
 from tests.helpers.log_truth import CHAT, DONE, EVENT
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.raw_socket import request_id_of, stalled_chat
@@ -43,13 +43,14 @@ EVENTS = 6
 
 class EndSeen:
     """The relayed stream at its end: set once the gateway handed the first stream's end
-    to the connection, or once it waits for the kernel to take what the connection's
-    write buffer holds of it (`BodyWriter.taken`), with what that buffer in the gateway's
-    process held then (`BodyWriter.unsent`). The kernel's buffers for the client's
-    connection are made small (the gateway's send buffer: loopback's grows to megabytes)."""
+    (its last ASGI message) to the connection, with what the connection's write buffer in
+    the gateway's process held then (`BodyWriter.unsent`). The kernel's buffers for the
+    client's connection are made small (the gateway's send buffer: loopback's grows to
+    megabytes)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.handed, self.unsent = taken_awaited(monkeypatch)
+        self.handed = threading.Event()
+        self.unsent: list[int] = []
         start_stream, end_stream = stream_writes.start_stream, stream_writes.end_stream
 
         async def starting(send: Any, exchange: Any, *args: Any) -> None:
@@ -82,35 +83,39 @@ def _chat(key: str) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("pipelined", "done"),
-    [(False, DONE), (True, DONE), (False, b"")],
-    ids=["alone", "pipelined", "no-done"],
+    ("later", "done"),
+    [(None, DONE), ("pipelined", DONE), ("keep-alive", DONE), (None, b"")],
+    ids=["alone", "pipelined", "keep-alive", "no-done"],
 )
 def test_a_stream_whose_end_the_client_never_took_is_not_recorded_whole(
     start_raw: Callable[[Answer], RawBackend],
     start_gateway: Callable[..., Gateway],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    pipelined: bool,
+    later: str | None,
     done: bytes,
 ) -> None:
     """The stream ends (the backend's `[DONE]`, its last chunk) while its tail sits in the
     gateway's write buffer; the client, which read only the head, resets: it never got
-    `[DONE]` nor the receipt line. Before, 200. `pipelined`: another request sent on the
-    connection right after the first is the connection's newest when it goes (before,
-    it was answered once the first stream's end went to the connection). `no-done`: a
+    `[DONE]` nor the receipt line. Before, 200. `later`: another request on the same
+    connection, sent with the first (pipelined) or once the first stream's end went to the
+    connection (keep-alive), is answered behind it when the connection goes. `no-done`: a
     stream its backend ended (its last chunk) without `[DONE]`, which the gateway takes
-    for whole all the same: only its end, the receipt line, waits to be taken."""
+    for whole all the same."""
     seen = EndSeen(monkeypatch)
     raw = start_raw(writes(*chunked(EVENT, *[BIG] * EVENTS, done)))
     gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
     sock, head = stalled_chat(gateway.server.port, gateway.key, json.dumps(CHAT).encode())
     try:
         assert head.startswith(b"HTTP/1.1 200"), head
-        if pipelined:
+        if later == "pipelined":
             sock.sendall(_chat(gateway.key))
         assert seen.handed.wait(60), "the gateway never ended the stream"
         assert seen.unsent[0] > 0, "the kernel took the stream's end: no write buffer to test"
+        if later == "keep-alive":
+            sock.sendall(_chat(gateway.key))
+        if later is not None:  # the later request dispatched, answered behind the first
+            until(lambda: len(raw.posts) == 2, "the later request dispatched", timeout=30)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     finally:
         sock.close()  # a reset (linger 0): what the write buffer held is dropped
