@@ -30,6 +30,7 @@ from gateway.api import passthrough, stream_relay, stream_writes
 from tests.helpers.audit_rig import chunked, logged, request_log, settled, writes
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.log_truth import CHAT, DONE, EVENT
+from tests.helpers.provenance import records, run_audit_output
 from tests.helpers.raw_backend import Answer, RawBackend
 from tests.helpers.raw_socket import request_id_of, stalled_chat
 from tests.helpers.waiting import until
@@ -126,3 +127,11 @@ def test_a_stream_whose_end_the_client_never_took_is_not_recorded_whole(
     assert (last["type"], last["status"]) == ("completion", 499), (
         f"the client got none of the stream's last {seen.unsent[0]} bytes; the log says {last}"
     )
+
+    def all_settled() -> bool:  # the later request's records too
+        kinds = [r["type"] for r in records(tmp_path / "log")]
+        return kinds.count("dispatch") == kinds.count("completion")
+
+    until(all_settled, "every dispatch completed in a checkpoint", timeout=30)
+    code, printed = run_audit_output(["verify", str(tmp_path / "log"), "--key", vkey])
+    assert code == 0, printed
