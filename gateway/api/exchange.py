@@ -34,6 +34,7 @@ __all__ = [
     "send_relayed",
     "send_whole",
     "settle",
+    "taken",
     "watch_disconnect",
 ]
 
@@ -245,35 +246,46 @@ async def send_whole(
 
 
 async def _taken(exchange: Exchange) -> None:
-    """Wait until the kernel took the whole answer (`BodyWriter.taken`) before the request
-    counts as answered: its completion record says 200 and commits to the answer. Before,
-    it was written while the answer could still sit in the gateway's own write buffer (a
-    client reading slower than it is answered): a gateway killed then, or a connection
-    lost then, left a client with part of the answer and a log saying it got all of it.
-    A connection lost first ends the request as a client that left (499, committing to
-    no answer: what it got is not the answer); one the gateway dropped (its forced
-    shutdown) as the gateway's cut (503, the same). A shutdown's cancellation meanwhile
-    (nothing else cancels a request whose answer went to its connection) is taken back
-    and the wait goes on: the client may still take the answer, and the forced end drops
-    the connection (gateway/serving.py), which ends the wait. Before, the cancellation
-    ended the request as answered (200, committing to all of it) and the drop then threw
-    away the tail the client had not taken."""
+    """Wait until the kernel took the whole answer (`taken`) before the request counts as
+    answered: its completion record says 200 and commits to the answer. Before, it was
+    written while the answer could still sit in the gateway's own write buffer (a client
+    reading slower than it is answered): a gateway killed then, or a connection lost
+    then, left a client with part of the answer and a log saying it got all of it. A
+    connection lost first ends the request as a client that left (499, committing to no
+    answer: what it got is not the answer); one the gateway dropped (its forced shutdown)
+    as the gateway's cut (503, the same)."""
+    if not await taken(exchange):
+        if exchange.trail is not None:
+            exchange.trail.unsent()
+        raise asyncio.CancelledError  # the proxy absorbs it (499, or the cut's 503)
+
+
+async def taken(exchange: Exchange) -> bool:
+    """Wait until the kernel has taken everything handed to the client's connection
+    (`BodyWriter.taken`: none of it left in this process's write buffer, which a crash or
+    a lost connection loses): True (at once without a writer: another ASGI server), or
+    False when the connection was lost first, the client then gone (`client_gone`: 499,
+    or the cut's 503 when the gateway dropped it). For a whole answer (`send_whole`) and a
+    stream's end (gateway/api/stream_writes.py `end_stream`), and a stream's `[DONE]`
+    before it. A shutdown's cancellation meanwhile (nothing else cancels a request whose
+    answer went to its connection) is taken back and the wait goes on: the client may
+    still take the answer, and the forced end drops the connection (gateway/serving.py),
+    which ends the wait. Before, the cancellation ended the request as answered (200,
+    committing to all of it) and the drop then threw away the tail the client had not
+    taken."""
     writer = exchange.writer
-    taken = writer is None
-    while not taken:
-        assert writer is not None
+    while writer is not None:
         try:
-            taken = await writer.taken()
+            if await writer.taken():
+                return True
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
             continue
-        if not taken:
-            exchange.client_gone = True
-            if exchange.trail is not None:
-                exchange.trail.unsent()
-            raise asyncio.CancelledError  # the proxy absorbs it (499, or the cut's 503)
+        exchange.client_gone = True
+        return False
+    return True
 
 
 def relayed(exchange: Exchange, data: bytes, *, whole: bool = False) -> None:

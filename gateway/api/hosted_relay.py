@@ -342,6 +342,7 @@ class HostedRelay:
             _taken(exchange)  # (what the write buffer held may be out now)
         if response.usage is not None and exchange.trail is not None:
             exchange.trail.reported(response.usage)  # also when the client did not ask for it
+        attempt.leave()  # the provider is done: not in flight while its client takes the end
         await end_stream(send, exchange)
 
     def _too_large(self) -> GatewayError:

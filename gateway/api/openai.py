@@ -221,7 +221,7 @@ class TenantSurface:
                 exchange.relayed_before, exchange.last_relayed = b"", b"\n\n"
             if wait:
                 try:
-                    await end_stream(send, exchange)
+                    await end_stream(send, exchange, recorded=True)
                     return
                 except asyncio.CancelledError:
                     _uncancel()

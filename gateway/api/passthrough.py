@@ -331,6 +331,7 @@ class PrivateRelay:
             exchange.read_whole = watch.sent_done and exchange.trail.countersignature is not None
         if broke is None and watch.error_event:
             self._metrics.upstream_error(backend.id, "error_event")
+        attempt.leave()  # the backend is done: not in flight while its client takes the end
         await end_stream(send, exchange, line_open=line_open)
         if broke is not None:
             return f"stream broke off: {broke}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 
-from gateway.api.exchange import Exchange, client_left, settle
+from gateway.api.exchange import Exchange, client_left, settle, taken
 from gateway.asgi import Send
 from gateway.errors import GatewayError
 
@@ -17,7 +17,12 @@ __all__ = ["break_stream", "end_stream", "event_break", "send_error_event", "sta
 
 
 async def end_stream(
-    send: Send, exchange: Exchange, *, line_open: bool = False, now: bool = False
+    send: Send,
+    exchange: Exchange,
+    *,
+    line_open: bool = False,
+    now: bool = False,
+    recorded: bool = False,
 ) -> None:
     """End a relayed stream: its receipt as a final SSE comment line (which SSE clients
     ignore), in the same message that closes the body. The tenant is charged first
@@ -32,8 +37,18 @@ async def end_stream(
     watcher ran) got neither the end nor the receipt: the stream ends as one whose client
     left (`CancelledError`, recorded 499 with what it was sent), never as one that ended.
 
+    The stream counts as ended (its completion record says so, committing to all of it)
+    only once the kernel took its end (`taken`): a client that stopped reading leaves
+    the stream's tail, its `[DONE]` and the receipt line in the gateway's own write buffer
+    for the connection, which a lost connection or a crash loses. A connection lost first
+    ends it as one whose client left (499, committing to what went out before its end,
+    unless its `[DONE]` had been taken before: gateway/api/stream_relay.py `_sent`).
+    Before, the record said 200 and committed to the whole stream as soon as its end
+    was handed to that buffer (tests/integration/test_log_truth_stream_end_unread.py).
+
     `now`: at once, for the gateway's forced shutdown: no charge made first, and the
-    receipt line only if the receipt was signed already.
+    receipt line only if the receipt was signed already. `now` and `recorded` (a cut,
+    whose completion record is written already) wait for nothing after the end.
 
     Without a receipt line (its signing failed), the line end and blank line that end
     the backend's last event, if the relayed bytes end inside one (`event_break`): the
@@ -55,7 +70,7 @@ async def end_stream(
         # record read it (`EventReader.finish`), so its client dispatches it too
         line = closing = event_break(exchange)
     await send({"type": "http.response.body", "body": line, "more_body": False})
-    if client_left(exchange):
+    if client_left(exchange) or not (now or recorded or await taken(exchange)):
         raise asyncio.CancelledError  # the proxy absorbs it: its client left (499)
     if closing and exchange.trail is not None:  # committed to: all the client received
         exchange.trail.relayed(closing)
