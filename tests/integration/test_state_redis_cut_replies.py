@@ -5,7 +5,8 @@ connection after a reply's first byte (its sync's connections pass). The admissi
 on Redis, and added its slot there; the replica never learns it. It must answer locally
 without hanging or failing open (the concurrency limit holds), say why, and leave Redis
 holding exactly the slots it holds: the cut admission's slot removed by the resync, none
-held lost."""
+held lost. And replies held back while the sync fails: what Redis admitted or reserved
+and has not answered yet counts in the decisions made locally meanwhile."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class CuttingProxy:
     def __init__(self, port: int) -> None:
         self._port = port
         self.mode = "pass"
-        self.cut = 0  # replies cut or dripped so far
+        self.cut = 0  # replies cut, dripped or held so far
+        self.let_go = asyncio.Event()  # ends "hold": held replies go on
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -86,12 +88,21 @@ class CuttingProxy:
     ) -> None:
         with suppress(OSError):
             while data := await reader.read(65536):
-                mode = "pass" if b":sync" in said else self.mode
+                mode = self.mode
+                if mode == "hold" and b":sync" in said:
+                    mode = "reset"  # the sync fails: the state decides locally
+                elif mode == "hold":  # until `let_go`
+                    self.cut += 1
+                    await self.let_go.wait()
+                    mode = "pass"
+                elif b":sync" in said:
+                    mode = "pass"
                 if mode == "pass":
                     writer.write(data)
                     await writer.drain()
                     continue
-                self.cut += 1
+                if b":sync" not in said:  # the replica's request connection
+                    self.cut += 1
                 if mode == "reset":  # the first byte, then a reset (RST, not FIN)
                     writer.write(data[:1])
                     await writer.drain()
@@ -106,14 +117,16 @@ class CuttingProxy:
 
 
 @asynccontextmanager
-async def behind_proxy(server: RedisServer) -> AsyncIterator[tuple[RedisState, CuttingProxy]]:
+async def behind_proxy(
+    server: RedisServer, timeout_s: float = 0.5
+) -> AsyncIterator[tuple[RedisState, CuttingProxy]]:
     proxy = CuttingProxy(server.port)
     port = await proxy.start()
     state = RedisState(
         f"redis://127.0.0.1:{port}/0",
         replica_id="a",
         key_prefix="test",
-        timeout_s=0.5,
+        timeout_s=timeout_s,
         sync_interval_s=SYNC_S,
         lease_ttl_s=LEASE_TTL_S,
     )
@@ -123,6 +136,7 @@ async def behind_proxy(server: RedisServer) -> AsyncIterator[tuple[RedisState, C
         yield state, proxy
     finally:
         proxy.mode = "pass"
+        proxy.let_go.set()
         await state.close()
         await proxy.close()
 
@@ -172,5 +186,61 @@ def test_replies_cut_or_dripped_are_answered_locally_and_healed(
             for admission in (held, second, *on_b):
                 await admission.release()
             await settled(redis_server, set())
+
+    asyncio.run(scenario())
+
+
+def test_an_admission_redis_has_not_answered_yet_counts_in_a_local_decision(
+    redis_server: RedisServer,
+) -> None:
+    """Redis admitted a request, its answer is on the way, and Redis stops answering (the
+    sync fails first): the requests decided locally meanwhile must count it. Before, the
+    ledger counted it only once the answer came, so with `requests_per_minute: 1` one
+    request was admitted locally and then the one Redis had admitted too: two (a burst of
+    200 requests on a busy machine did the same, its calls timing out waiting for a
+    connection while the first was answered)."""
+    limits = TenantLimits(requests_per_minute=1)
+
+    async def scenario() -> None:
+        async with behind_proxy(redis_server, timeout_s=5.0) as (a, proxy):
+            proxy.mode = "hold"
+            first = asyncio.create_task(a.acquire("acme", limits))
+            await until_async(lambda: proxy.cut >= 1, "Redis answered the admission")
+            await until_async(lambda: not a.healthy, "degraded", timeout=WAIT_S, detail=a.status)
+            with pytest.raises(RateLimited):  # the one in flight counts here
+                await a.acquire("acme", limits)
+            proxy.let_go.set()
+            admitted = await first  # Redis's answer comes: admitted there
+            assert admitted.shared
+            await admitted.release()
+
+    asyncio.run(scenario())
+
+
+def test_a_reservation_redis_has_not_answered_yet_counts_in_a_local_decision(
+    redis_server: RedisServer,
+) -> None:
+    """As above for tokens: a reservation Redis made whose answer is on the way counts in
+    a reservation decided locally meanwhile. Before, with `tokens_per_minute: 1000`, a
+    second reservation of 600 was made locally while Redis held the first: 1200."""
+    limits = TenantLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        async with behind_proxy(redis_server, timeout_s=5.0) as (a, proxy):
+            first = await a.acquire("acme", limits)
+            assert first.shared
+            proxy.mode = "hold"
+            reserving = asyncio.create_task(first.reserve(600))
+            await until_async(lambda: proxy.cut >= 1, "Redis answered the reservation")
+            await until_async(lambda: not a.healthy, "degraded", timeout=WAIT_S, detail=a.status)
+            second = await a.acquire("acme", limits)  # some budget left: admitted
+            assert not second.shared
+            with pytest.raises(RateLimited):  # but the 600 in flight count here
+                await second.reserve(600)
+            proxy.let_go.set()
+            await reserving  # Redis's answer comes: reserved there
+            assert first.reserved_shared == 600
+            await first.release(600)
+            await second.release()
 
     asyncio.run(scenario())
