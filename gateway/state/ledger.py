@@ -95,6 +95,11 @@ def _charged(tat: int, now: int, per_minute: int) -> int:
     return min(max(tat, now) + interval, now + per_minute * interval)
 
 
+def _pending_tat(tat: int, now: int, pending: int, per_minute: int) -> int:
+    """A tokens budget's `tat` with `pending` tokens counted as reserved."""
+    return tat if pending <= 0 else max(tat, now) + tokens_cost_us(pending, per_minute)
+
+
 def _at_whole(cost: int, per_minute: int, whole: TenantLimits | None) -> int | None:
     """A tokens cost charged at a share's `per_minute`, at the whole limit's (None
     without one): as many tokens, each worth less budget time."""
@@ -136,8 +141,12 @@ class Ledger:
                 account.requests_tat = account.tokens_tat = self._spent_at + WINDOW_US
         return account
 
-    def check(self, tenant: str, limits: TenantLimits) -> RateLimited | None:
-        """The refusal an admission would get now, or None; changes nothing."""
+    def check(
+        self, tenant: str, limits: TenantLimits, pending: tuple[int, int] = (0, 0)
+    ) -> RateLimited | None:
+        """The refusal an admission would get now, or None; changes nothing. `pending`:
+        requests and tokens another decides (Redis) whose outcome is not known yet,
+        counted as charged."""
         account = self._account(tenant)
         now = self._now()
         waits: list[tuple[float, LimitName, int]] = []
@@ -145,12 +154,15 @@ class Ledger:
             waits.append((CONCURRENCY_RETRY_S, "concurrent", limits.concurrent))
         rpm = limits.requests_per_minute
         if rpm is not None:
-            wait = request_wait_us(account.requests_tat, now, rpm)
+            tat = account.requests_tat
+            if pending[0] > 0:
+                tat = max(tat, now) + pending[0] * request_interval_us(rpm)
+            wait = request_wait_us(tat, now, rpm)
             if wait > 0:
                 waits.append((wait / 1e6, "requests_per_minute", rpm))
         tpm = limits.tokens_per_minute
         if tpm is not None:
-            wait = tokens_wait_us(account.tokens_tat, now)
+            wait = tokens_wait_us(_pending_tat(account.tokens_tat, now, pending[1], tpm), now)
             if wait > 0:
                 waits.append((wait / 1e6, "tokens_per_minute", tpm))
         if not waits:
@@ -195,10 +207,12 @@ class Ledger:
         *,
         check: bool,
         whole: TenantLimits | None = None,
+        pending: int = 0,
     ) -> int:
         """Reserve `tokens` (at most the whole budget: more could never fit) of the
         tenant's tokens budget; returns the tokens reserved. With `check`, raise
-        `RateLimited` when they do not fit now; without, reserve them anyway (a
+        `RateLimited` when they do not fit now (`pending` tokens, whose reservation
+        another decides, counted as reserved); without, reserve them anyway (a
         reservation Redis made, mirrored here). With `whole` (the global limits `limits`
         are a share of), the cost is also counted at the whole limit, for a restore."""
         tpm = limits.tokens_per_minute
@@ -208,7 +222,7 @@ class Ledger:
         account = self._account(tenant)
         now = self._now()
         cost = tokens_cost_us(tokens, tpm)
-        wait = reservation_wait_us(account.tokens_tat, now, cost)
+        wait = reservation_wait_us(_pending_tat(account.tokens_tat, now, pending, tpm), now, cost)
         if check and wait > 0:
             raise RateLimited(tenant, "tokens_per_minute", tpm, wait / 1e6)
         account.tokens_tat = min(max(account.tokens_tat, now) + cost, now + MAX_DEBT_US)

@@ -137,12 +137,36 @@ def heartbeat_reply(reply: Any) -> list[Any]:
 # "unknown command 'HELLO', with args beginning with: ... '<password>'".
 _OWN_WORDS: Final = (RedisConnectionError, RedisTimeoutError, MaxConnectionsError)
 
+# Redis's error codes that redis-py gives no class of their own (a plain `ResponseError`
+# whose message begins with the code): named in the description, as a word of this list,
+# never as the server sent it. They tell apart faults that the class alone does not: a
+# key of the wrong type under the prefix (another program's), a script of another
+# program holding Redis (`BUSY`), a Redis that cannot persist (`MISCONF`).
+_CODES: Final = frozenset(
+    {
+        "BUSY",
+        "BUSYKEY",
+        "MISCONF",
+        "NOGROUP",
+        "NOPROTO",
+        "NOREPLICAS",
+        "NOTBUSY",
+        "UNBLOCKED",
+        "UNKILLABLE",
+        "WRONGTYPE",
+    }
+)
+
 
 def describe_failure(exc: BaseException, timeout_s: float) -> str:
     """What a failed call to Redis says in a log line and `/admin/status`: the class and
-    redis-py's own message; a message the server wrote only by its length."""
+    redis-py's own message; a message the server wrote only by its length (and its
+    error code, when it is one of `_CODES`)."""
     if isinstance(exc, TimeoutError) and not str(exc):
         return f"no answer within {timeout_s * 1000:.0f} ms"
     if isinstance(exc, RedisError) and type(exc) not in _OWN_WORDS:
-        return f"{type(exc).__name__}: [message withheld: {len(str(exc))} characters]"
+        said = str(exc)
+        code = said.split(" ", 1)[0]
+        name = f"{type(exc).__name__} {code}" if code in _CODES else type(exc).__name__
+        return f"{name}: [message withheld: {len(said)} characters]"
     return f"{type(exc).__name__}: {exc}"

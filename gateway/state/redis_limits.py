@@ -71,6 +71,10 @@ class RedisLimits:
         # Each rate-limited tenant's limits, as of its last admission: whose budgets
         # `backlogs` reads (tenants come from the config only).
         self._rated: dict[str, TenantLimits] = {}
+        # Per tenant, the admissions and the tokens in Redis calls not answered yet: a
+        # decision made here meanwhile (Redis failed another call) counts them as
+        # charged, as Redis may have charged them (the ledger mirrors only answers).
+        self._pending: dict[str, list[int]] = {}
 
     async def acquire(self, tenant: str, limits: TenantLimits) -> Admission:
         """Admit one request of `tenant` across all replicas or raise `RateLimited`."""
@@ -83,6 +87,7 @@ class RedisLimits:
         # A slot is held (and counted by a resync) from before Redis answers.
         slot = self._slots.take(tenant, calling=True) if limits.concurrent is not None else None
         keys = self._keys
+        self._pend(tenant, 1, 0)
         try:
             reply = await self._call(
                 self._acquire_script,
@@ -110,15 +115,18 @@ class RedisLimits:
         except (*FAILURES, *MALFORMED) as exc:
             # Redis may have added the slot (a garbage reply may come from a script
             # that ran): the resync this failure asks for rewrites it as held here.
+            self._pend(tenant, -1, 0)
             self._slots.drop(tenant, slot)
             self._health.failed("admission", exc)
             return self._admit_locally(tenant, limits)
         except asyncio.CancelledError:
+            self._pend(tenant, -1, 0)
             self._slots.drop(tenant, slot)
             self._health.resync = True  # Redis may have added the slot
             raise
         finally:
             self._slots.end_call(slot)
+        self._pend(tenant, -1, 0)
         code = reply[0]
         if code == 1:
             local = limits.share(self._health.replicas)
@@ -158,10 +166,21 @@ class RedisLimits:
         async with asyncio.timeout(self._timeout_s), self._gate:
             return await script(keys=keys, args=args)
 
+    def _pend(self, tenant: str, requests: int, tokens: int) -> None:
+        pending = self._pending.setdefault(tenant, [0, 0])
+        pending[0] += requests
+        pending[1] += tokens
+        if pending == [0, 0]:
+            del self._pending[tenant]
+
+    def _pending_of(self, tenant: str) -> tuple[int, int]:
+        pending = self._pending.get(tenant)
+        return (0, 0) if pending is None else (pending[0], pending[1])
+
     def _admit_locally(self, tenant: str, limits: TenantLimits) -> Admission:
         self._health.fallbacks += 1
         local = limits.share(self._health.replicas)
-        refusal = self._ledger.check(tenant, local)
+        refusal = self._ledger.check(tenant, local, self._pending_of(tenant))
         if refusal is not None:
             raise refusal
         self._ledger.count_request(tenant, local, limits)
@@ -176,6 +195,7 @@ class RedisLimits:
         tpm = limits.tokens_per_minute or 0
         tokens = min(tokens, tpm)
         if self._health.healthy:
+            self._pend(tenant, 0, tokens)
             try:
                 reply = await self._call(
                     self._reserve_script, [self._keys.tokens(tenant)], [tpm, tokens, MAX_DEBT_US]
@@ -195,9 +215,13 @@ class RedisLimits:
                     tenant, local, tokens, check=False, whole=limits
                 )
                 return
+            finally:  # before the local decision below, which must not count it
+                self._pend(tenant, 0, -tokens)
         self._health.fallbacks += 1
         # Over the share: a reservation of the whole share waits for a full local budget.
-        admission.reserved = self._ledger.reserve(tenant, local, tokens, check=True, whole=limits)
+        admission.reserved = self._ledger.reserve(
+            tenant, local, tokens, check=True, whole=limits, pending=self._pending_of(tenant)[1]
+        )
 
     async def _release(self, admission: Admission, tokens_used: int) -> None:
         tenant, limits, slot = admission.tenant, admission.limits, admission.slot
