@@ -55,6 +55,7 @@ from itertools import repeat
 from operator import contains
 from typing import Any, Final
 
+from gateway.api.mm_payload import MM_PAYLOAD, payload_strings
 from gateway.api.part_keys import refuse_ambiguous_parts, refuse_repeated_content
 from gateway.config.media import MediaUrlSettings
 from gateway.errors import ErrorCode, GatewayError
@@ -80,7 +81,6 @@ _PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
 # other (`image`, `audio`) it fetches each string of `input` as a URL.
 _TEXT_MODALITY: Final = (None, "text")
 _CONTENT: Final = b'"content"'
-_MM_PAYLOAD: Final = "mm_payload"  # vLLM: multimodal input beside the messages
 # An escaped ASCII letter (`\u0063`): no encoder writes one, a name spelled to hide may.
 _ESCAPED_LETTER: Final = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
 _PUBLIC: Final = (
@@ -131,7 +131,7 @@ class MediaRefs:
                 ):
                     refuse_repeated_content(body)
                 # not an embedding of media URLs, nor vLLM's multimodal payload
-                if doc.get("modality") in _TEXT_MODALITY and _MM_PAYLOAD not in doc:
+                if doc.get("modality") in _TEXT_MODALITY and MM_PAYLOAD not in doc:
                     return None
         refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []
@@ -213,8 +213,9 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                 yield (f"input[{k}]" if isinstance(value, list) else "input"), item, True
     # vLLM's `mm_payload` (multimodal input given beside the messages): every string in
     # it is judged as a content part's are, a URL where a key names one.
-    if _MM_PAYLOAD in doc:
-        yield from _payload_strings(doc[_MM_PAYLOAD])
+    if MM_PAYLOAD in doc:
+        for value, url_place in payload_strings(doc[MM_PAYLOAD]):
+            yield MM_PAYLOAD, value, url_place
     # Prompt and input objects: only in a body that holds some (a chat body or a batch of
     # strings has none) and names their media (or may, escaped).
     held = any(_holds_objects(doc.get(name)) for name in _PROMPT_KEYS)
@@ -230,22 +231,6 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
                     if key not in _PROMPT_TEXT:
                         url_place = key in _PROMPT_MEDIA
                         yield from _strings(f"{where}.{key}", inner, url_place, 1)
-
-
-def _payload_strings(payload: Any) -> Iterator[tuple[str, str, bool]]:
-    """Each string of vLLM's `mm_payload` (at any depth: the body's depth is bounded), a
-    URL standing where its key is `url` or ends in `_url`."""
-    stack: list[tuple[Any, bool]] = [(payload, False)]
-    while stack:
-        value, url_place = stack.pop()
-        if isinstance(value, str):
-            yield _MM_PAYLOAD, value, url_place
-        elif isinstance(value, dict):
-            stack.extend(
-                (v, k.casefold() in _URL_KEYS or k.endswith("_url")) for k, v in value.items()
-            )
-        elif isinstance(value, list):
-            stack.extend((v, url_place) for v in value)
 
 
 def _holds_objects(value: Any) -> bool:

@@ -18,8 +18,9 @@ comes when that does not fit what is left of the minute's budget:
     media parts      = the image, audio, video and file parts of chat messages and the
                        items of their `images`, the items of llama.cpp's
                        `multimodal_data` (in `prompt`, `input` or `content`), the `image`
-                       and `video` of SGLang's embedding input objects and the `input`
+                       and `video` of SGLang's embedding input objects, the `input`
                        strings of an Infinity embedding of media (`modality` not text)
+                       and the strings of vLLM's `mm_payload`
                        (`usage_bound.counted_media`, counted once per request,
                        the parts the usage bound allows `MEDIA_ALLOWANCE` tokens each)
     media allowance  = the tenant's `limits.reserved_tokens_per_media`, by default

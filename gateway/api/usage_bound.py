@@ -8,8 +8,9 @@ tenant is charged the reported usage only up to a bound the request itself justi
     prompt bound     = request body bytes + PROMPT_ALLOWANCE
                        + MEDIA_ALLOWANCE per media item (`media_parts`: a chat
                          message's non-text parts and `images`, embeddings' media,
-                         counted once per request; one of more than `MEDIA_MOST`
-                         (65,536) media items is refused, text parts not counted)
+                         each string of vLLM's `mm_payload`, counted once per
+                         request; one of more than `MEDIA_MOST` (65,536) media items
+                         is refused, text parts not counted)
     completion bound = answer bytes + choices * COMPLETION_ALLOWANCE
                        or, when the client set a limit every backend reads,
                        answer bytes + choices * limit when that is less
@@ -65,6 +66,7 @@ from collections.abc import Iterator, Mapping
 from itertools import repeat
 from typing import Any, Final
 
+from gateway.api.mm_payload import MM_PAYLOAD, payload_media
 from gateway.canonical import MAX_SAFE_INTEGER
 from gateway.errors import ErrorCode, GatewayError
 
@@ -161,6 +163,7 @@ READ_FIELDS: Final = (
     "messages",
     "input",  # the token reservation's (gateway/api/reservation.py): its token ids
     "modality",  # Infinity's: `input` as media URLs (`media_parts`)
+    MM_PAYLOAD,  # vLLM's media beside the messages (`media_parts`)
 )
 """The top-level request fields the bound and the token reservation read: a backend
 must read each as the gateway does, so a body may not repeat one or hold it in another
@@ -230,7 +233,8 @@ def media_parts(ask: Mapping[str, Any] | None, body: bytes | None = None) -> int
     `prompt`, an embedding's `input` or `content`), the `image` and `video` of SGLang's
     embedding input objects (`[{"text": ..., "image": ...}]`); and each string of an
     embedding's `input` whose `modality` is not text (Infinity fetches and embeds each
-    as an image or audio clip). Exact: the walk stops only once it found more than
+    as an image or audio clip), and each string of vLLM's `mm_payload` (its media beside
+    the messages: gateway/api/mm_payload.py). Exact: the walk stops only once it found more than
     `MEDIA_MOST` (a count past it is refused, `counted_media`). `body`, the bytes `ask`
     was parsed from: when they hold no name the walk reads (`_no_media`), none, unwalked.
 
@@ -241,7 +245,7 @@ def media_parts(ask: Mapping[str, Any] | None, body: bytes | None = None) -> int
     reservation and the bound. A part counts when any of its type names is not text."""
     if ask is None or (body is not None and _no_media(body)):
         return 0
-    found = _modality_inputs(ask)
+    found = _modality_inputs(ask) + payload_media(ask, MEDIA_MOST)
     for holder, key, every in _media_holders(ask):
         items = holder.get(key)
         if every and items is not None and not isinstance(items, list):
@@ -270,8 +274,9 @@ def counted_media(ask: Mapping[str, Any], body: bytes) -> int:
 # What `_no_media` looks for in the lowered bytes: the names a media item sits under (a
 # part's `type` is checked on its own), and a `\u` escape that may spell a letter of one
 # (an ASCII letter or `_`, U+017F or U+212A, which fold to `s` and `k`).
-# `modality`, `multimodal_data`; `audio`: vLLM's `input_audio` part without `type`
-_MEDIA_NAMES: Final = (b"image", b"video", b"audio", b"modal")
+# `modality`, `multimodal_data`; `audio`: vLLM's `input_audio` part without `type`;
+# `mm_payload`: vLLM's media beside the messages, whatever names its items
+_MEDIA_NAMES: Final = (b"image", b"video", b"audio", b"modal", MM_PAYLOAD.encode())
 _LETTER_ESCAPE: Final = re.compile(rb"\\u(?:00[4-7]|017f|212a)")
 _TEXT_TYPES: Final = (b'"type": "text"', b'"type":"text"')
 

@@ -171,7 +171,7 @@ class HostedClient:
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
         """Call the provider with a request `prepare` checked."""
-        endpoint, doc, params, provider_model, litellm = prepared
+        endpoint, doc, params, provider_model, litellm, addresses = prepared
         # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
         # A stream's head and first chunk by the first-byte timeout, as a private
         # backend's (`limits.first_byte_timeout_s`): LiteLLM's own `timeout` is each read's,
@@ -181,6 +181,7 @@ class HostedClient:
         is_stream = bool(params.get("stream"))
         by = asyncio.get_running_loop().time() + self._timeout_s if is_stream else None
         with watching(self._max_answer_bytes, self._proxy) as outbound:
+            outbound.addresses = addresses  # a media download goes where the check looked
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):

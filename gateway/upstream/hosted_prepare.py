@@ -51,6 +51,8 @@ class Prepared(NamedTuple):
     params: dict[str, Any]
     provider_model: str
     litellm: ModuleType  # loaded: sending cannot fail to load it
+    # each media host the check looked up: the addresses a download is sent to
+    addresses: dict[str, list[str]] = {}  # noqa: RUF012 - a NamedTuple's default, never changed
 
 
 async def prepare_request(
@@ -74,10 +76,11 @@ async def prepare_request(
             raise InvalidField("stream", "false for this provider's route (no streams)")
         if (endpoint, route) in BOTO3_ROUTES:
             raise InvalidField("model", BOTO3_ROUTES[endpoint, route])
+        addresses: dict[str, list[str]] = {}
         if endpoint == "chat":  # URLs an adapter would fetch from here
             named = provider_model.split("/", 1)[0] if "/" in provider_model else ""
             # its lookups hold its part of the threads
-            await check_media_urls(params, named or provider, resolve())
+            addresses = await check_media_urls(params, named or provider, resolve())
         elif endpoint == "embeddings":  # objects an adapter would read from the account
             check_embedding_input(params)
     except (InvalidField, RefusedField) as exc:
@@ -87,4 +90,4 @@ async def prepare_request(
     except Exception as exc:  # whatever the import raised: the gateway's own failure
         raise HostedUnavailable(type(exc).__name__[:80]) from exc
     support.check(litellm, endpoint, params, provider_model)  # HostedError, 400
-    return Prepared(endpoint, doc, params, provider_model, litellm)
+    return Prepared(endpoint, doc, params, provider_model, litellm, addresses)

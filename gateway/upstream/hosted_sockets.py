@@ -46,6 +46,7 @@ from typing import Any
 
 from aiohttp import TCPConnector
 
+from gateway.upstream.hosted_names import HostedResolver
 from gateway.upstream.sockets import (
     BackendSockets,
     hosted_connect_timeout,
@@ -60,6 +61,8 @@ class CountedConnector(TCPConnector):
     """An aiohttp connector whose connections count in the process's share."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("resolver") is None:  # not the loop's threads: hosted_names.py
+            kwargs["resolver"] = HostedResolver()
         super().__init__(*args, **kwargs)
         self._share: BackendSockets | None = hosted_share()
         if self._share is not None:

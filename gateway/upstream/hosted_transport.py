@@ -108,9 +108,19 @@ class Outbound:
     body is read); `ended` once the watched block is left (answered, failed, timed out or
     cancelled): a sync read in LiteLLM's worker thread, which no cancellation reaches,
     stops at its next read (gateway/upstream/hosted_bound.py); `answer`, the body of the
-    last whole 2xx answer read within `max_bytes` (gateway/upstream/hosted_finish.py)."""
+    last whole 2xx answer read within `max_bytes` (gateway/upstream/hosted_finish.py);
+    `addresses`, the media hosts its check looked up (gateway/upstream/hosted_names.py)."""
 
-    __slots__ = ("answer", "cut", "ended", "max_bytes", "on_head", "proxy", "reached")
+    __slots__ = (
+        "addresses",
+        "answer",
+        "cut",
+        "ended",
+        "max_bytes",
+        "on_head",
+        "proxy",
+        "reached",
+    )
 
     def __init__(self, max_bytes: int | None = None, proxy: str | None = None) -> None:
         self.reached = self.ended = False
@@ -119,6 +129,8 @@ class Outbound:
         self.cut: str | None = None
         self.on_head: Callable[[], None] | None = None
         self.answer: bytes | None = None
+        # the media hosts the request's check looked up, and what it found (hosted_names.py)
+        self.addresses: dict[str, list[str]] = {}
 
 
 # The call being watched in this context (tasks LiteLLM starts inherit it).

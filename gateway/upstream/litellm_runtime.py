@@ -260,6 +260,8 @@ def load_litellm() -> ModuleType:
     install_requests_rules()  # a token fetch over `requests`: no env proxy or CA, bounded
     install_hosted_roots()  # an httpx client's roots: certifi's or SSL_CERT_FILE, no SSL_CERT_DIR
     install_botocore_rules()  # an AWS credential fetch: no env proxy or CA, bounded
+    # names a hosted call looks up: off the loop's threads, bounded, media hosts as checked
+    importlib.import_module("gateway.upstream.hosted_names").install_name_rules()
     install_verified_clients()  # an adapter's `ssl_verify=False` (GigaChat's) verifies all the same
     install_unstored_bridge()  # a chat call LiteLLM sends to a Responses API: `store: false`
     install_stream_stops()  # a stream's finish reason: the provider's, none for a failure

@@ -173,9 +173,11 @@ def tenant_resolver(tenant: str) -> Resolver:
 
 async def check_media_urls(
     params: dict[str, Any], provider: str, resolve: Resolver = system_resolver
-) -> None:
+) -> dict[str, list[str]]:
     """Raise `InvalidField` for a URL in `params["messages"]` (LiteLLM arguments) that
-    `provider`'s adapter, or the provider with the gateway's credentials, must not fetch."""
+    `provider`'s adapter, or the provider with the gateway's credentials, must not fetch;
+    else the addresses each host name looked up resolved to (lowercase, no trailing dot):
+    where a download of the call goes (gateway/upstream/hosted_names.py)."""
     found = list(_urls(params.get("messages")))
     if len(found) > MAX_URLS:
         raise InvalidField("messages", f"content parts with at most {MAX_URLS} URLs")
@@ -201,6 +203,11 @@ async def check_media_urls(
                 "a `data:` URL or an http(s) URL whose host resolves only to public "
                 "addresses (a hosted provider would have it fetched from the gateway)",
             )
+    return {
+        host.rstrip(".").lower(): found
+        for (host, _port), found in looked_up.items()
+        if found is not None
+    }
 
 
 def _gemini_api(url: str) -> bool:

@@ -1,6 +1,6 @@
 """`owngate audit` copying an https log: a server that stalls the TLS handshake, or drips
 a file's head or body, is cut off at the per-file deadline, as a plain-http one is
-(gateway/provenance/audit/remote.py `_Watch`).
+(gateway/provenance/audit/remote_socket.py `Watch`).
 
 The watchdog shut the connection's socket object down at the deadline, but TLS had
 detached that object as it wrapped the socket (its descriptor moved to the `SSLSocket`),

@@ -12,6 +12,7 @@ from typing import Any
 from gateway.attest import listener_context
 from gateway.pki import issue, make_ca
 from gateway.provenance.audit import remote
+from gateway.provenance.audit.remote_socket import Watch
 from gateway.tls_options import client_context, os_roots_context
 from gateway.upstream.tls import backend_tls, system_tls
 from tests.helpers.gateways import backend, gateway_config
@@ -68,7 +69,7 @@ def test_the_sidecars_listener_refuses_renegotiation(tmp_path: Path) -> None:
 def test_the_log_mirror_and_witness_client_refuse_renegotiation() -> None:
     assert _hardened(client_context())
     assert _hardened(os_roots_context())  # the witness client's
-    handler = remote._SecureHandler(remote._Watch())  # the mirror's https handler
+    handler = remote._SecureHandler(Watch())  # the mirror's https handler
     assert _hardened(handler.tls)
 
 

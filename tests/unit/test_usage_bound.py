@@ -469,6 +469,8 @@ def test_more_media_than_any_backend_takes_are_refused() -> None:
         (b'{"input": ["a", "b"], "modality": "image"}', 2),
         (b'{"prompt": {"prompt_string": "a", "multimodal_data": ["x"]}}', 1),
         (b'{"input": [{"text": "a", "video": "v"}]}', 1),
+        (b'{"prompt": "x", "mm_payload": {"img": ["a", {"url": "b"}]}}', 2),
+        (b'{"prompt": "x", "mm_p\\u0061yload": {"img": ["a"]}}', 1),
     ],
 )
 def test_the_byte_scan_skips_a_walk_only_when_it_would_find_none(body: bytes, media: int) -> None:
@@ -484,3 +486,28 @@ def test_a_count_given_is_not_walked_again() -> None:
         100 + PROMPT_ALLOWANCE + 3 * MEDIA_ALLOWANCE + COMPLETION_ALLOWANCE
     )
     assert batch.reached == 0
+
+
+def _payload(count: int) -> dict[str, Any]:
+    """A completion with `count` images in vLLM's `mm_payload`, as URLs and inline."""
+    items: list[Any] = [{"image_url": "https://example.com/a.png"}, "iVBORw0KGgo="] * count
+    return {"model": "m", "prompt": "x", "max_tokens": 1, "mm_payload": {"image": items[:count]}}
+
+
+def test_media_in_vllms_mm_payload_count_as_image_parts_do() -> None:
+    # vLLM loads each image of `mm_payload` as it loads an `image_url` part; before, they
+    # counted for nothing: 100 such images were reserved and bounded as text, and past
+    # `MEDIA_MOST` of them were not refused.
+    ask = _payload(100)
+    body = json.dumps(ask).encode()
+    assert media_parts(ask) == 100 and media_parts(ask, body) == 100
+    assert _counted(ask) == 100
+    bound = len(body) + PROMPT_ALLOWANCE + 100 * MEDIA_ALLOWANCE + 1
+    assert tokens_bound(ask, len(body), 0) == bound
+    reserved = tokens_to_reserve(ask, len(body), per_minute=10**9, per_answer=1, per_media=10)
+    assert reserved == -(-len(body) // 4) + 100 * 10 + 1
+    with pytest.raises(GatewayError) as caught:
+        _counted(_payload(MEDIA_MOST + 1))
+    assert (caught.value.status, caught.value.code.value) == (400, "invalid_request")
+    # its numbers (precomputed embeddings) are no items: the bytes justify their tokens
+    assert _counted({"prompt": "x", "mm_payload": {"image_embeds": [[0.5, 0.25]]}}) == 0

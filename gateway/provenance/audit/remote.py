@@ -12,9 +12,10 @@ a 429 (the admin API's log reads all taken) is asked again as its `retry-after` 
 checkpoint; earlier ones an auditor holds are checked with `--checkpoint` as usual.
 
 A hostile server is held to `FetchLimits`: each read waits at most `read_timeout_s`; each
-file, from connecting to its last byte, at most `file_deadline_s` (a watchdog shuts the
-connection's socket down, so a server dripping a byte just inside every read timeout, in
-the TLS handshake, the headers or the body, still ends); the whole copy, from the
+file, from its host name's lookup to its last byte, at most `file_deadline_s` (a watchdog
+shuts the connection's socket down, so a server dripping a byte just inside every read
+timeout, in the TLS handshake, the headers or the body, still ends; a lookup that hangs is
+given up: remote_socket.py); the whole copy, from the
 checkpoint's GET to the last file's last byte, at most `copy_deadline_s` (a server
 dripping every file just inside its deadline would otherwise hold the auditor for as many
 deadlines as the log has files); a hash tile is exactly its width times 32 bytes and a
@@ -36,10 +37,8 @@ with its `Authorization` header; without one, a public log goes through the prox
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import http.client
-import socket
 import threading
 import time
 import urllib.error
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.provenance.audit.remote_busy import patiently, refused
+from gateway.provenance.audit.remote_socket import Watch, watched
 from gateway.provenance.errors import MalformedError
 from gateway.provenance.formats.checkpoint import Checkpoint, open_checkpoint
 from gateway.provenance.formats.layout import CHECKPOINT, history_path
@@ -187,7 +187,7 @@ def _get(
     late = _late(request, limits, whole_copy=seconds < limits.file_deadline_s)
     if seconds <= 0:
         raise late
-    watch = _Watch()
+    watch = Watch()
     handlers: list[urllib.request.BaseHandler] = [
         _Handler(watch),
         _SecureHandler(watch),
@@ -243,69 +243,20 @@ def _late(request: urllib.request.Request, limits: FetchLimits, *, whole_copy: b
     )
 
 
-class _Watch:
-    """The socket of one GET, shut down at its deadline (waking a blocked read, whatever its
-    timeout) through a duplicate of its descriptor: TLS detaches the socket object it wraps."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._socket: socket.socket | None = None
-        self.expired = False
-
-    def attach(self, sock: socket.socket) -> None:
-        self.release()  # a redirect's earlier connection
-        with self._lock:
-            self._socket = sock.dup()
-        if self.expired:
-            self.expire()
-
-    def expire(self) -> None:
-        with self._lock, contextlib.suppress(OSError):  # closed: nothing left to wake
-            self.expired = True
-            if self._socket is not None:
-                self._socket.shutdown(socket.SHUT_RDWR)
-
-    def release(self) -> None:
-        with self._lock:
-            sock, self._socket = self._socket, None
-        if sock is not None:
-            sock.close()
-
-
-def _watched(base: type[http.client.HTTPConnection], watch: _Watch) -> Any:
-    """`base` whose TCP socket `watch` holds as soon as it exists (its TLS handshake's too)."""
-
-    class Watched(base):  # type: ignore[misc,valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._create_connection = self._connect_watched
-
-        def _connect_watched(self, *args: Any, **kwargs: Any) -> socket.socket:
-            sock = socket.create_connection(*args, **kwargs)
-            try:
-                watch.attach(sock)
-            except BaseException:  # its duplicate failed (EMFILE): closed, not left to the error
-                sock.close()
-                raise
-            return sock
-
-    return Watched
-
-
 class _Handler(urllib.request.HTTPHandler):
-    def __init__(self, watch: _Watch) -> None:
+    def __init__(self, watch: Watch) -> None:
         super().__init__()
-        self._connection = _watched(http.client.HTTPConnection, watch)
+        self._connection = watched(http.client.HTTPConnection, watch)
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(self._connection, req)
 
 
 class _SecureHandler(urllib.request.HTTPSHandler):
-    def __init__(self, watch: _Watch) -> None:
+    def __init__(self, watch: Watch) -> None:
         self.tls = client_context()  # the system's roots, as urlopen's
         super().__init__(context=self.tls)
-        self._connection = _watched(http.client.HTTPSConnection, watch)
+        self._connection = watched(http.client.HTTPSConnection, watch)
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         return self.do_open(self._connection, req, context=self.tls)
