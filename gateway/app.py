@@ -134,6 +134,7 @@ def assemble(
         routing=config.routing,
         state=state,
         max_response_bytes=config.limits.max_response_bytes,
+        max_media_walk_values=config.limits.max_media_walk_values,
         response_timeout_s=config.limits.response_timeout_s,
         stream_timeout_s=config.limits.stream_timeout_s,
         read_timeout_s=config.limits.read_timeout_s,

@@ -34,6 +34,7 @@ bodies walked; the walk below looks at each object of those places once.
 from __future__ import annotations
 
 import json
+from itertools import compress, repeat
 from typing import Any, Final
 
 from gateway.errors import ErrorCode, GatewayError
@@ -43,6 +44,7 @@ __all__ = ["refuse_ambiguous_parts", "refuse_repeated_content"]
 
 _Pairs = tuple[tuple[str, Any], ...]
 _PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
+_NESTED: Final = (tuple, list)
 _MESSAGE_LISTS: Final = frozenset({"content", "images"})  # a message's parts, its images
 
 
@@ -90,6 +92,8 @@ def _message(i: int, message: _Pairs) -> None:
     for key, value in message:
         if value.__class__ is not list or _folded(key) not in _MESSAGE_LISTS:
             continue
+        if tuple not in (kinds := set(map(type, value))) and list not in kinds:
+            continue  # strings only (`images`): nothing to read one at a time
         for j, part in enumerate(value):
             if part.__class__ is tuple:  # inline: most parts are one flat object
                 wrong = _wrong_keys(part) if len(part) > 1 else None
@@ -115,7 +119,10 @@ def _nested(value: _Pairs | list[Any]) -> str | None:
             wrong = _wrong_keys(value)
             if wrong is not None:
                 return wrong
-        for item in value if value.__class__ is list else (pair[1] for pair in value):
+        if value.__class__ is list:  # its objects and arrays picked out in C, not one by one
+            stack.extend(compress(value, map(isinstance, value, repeat(_NESTED))))
+            continue
+        for item in (pair[1] for pair in value):
             if item and (item.__class__ is tuple or item.__class__ is list):
                 stack.append(item)
     return None

@@ -50,14 +50,16 @@ hold a key twice, or in two cases, where a media reference stands
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from itertools import repeat
 from operator import contains
 from typing import Any, Final
 
-from gateway.api.mm_payload import MM_PAYLOAD, payload_strings
+from gateway.api.media_walk import MediaWalk
+from gateway.api.mm_payload import MM_PAYLOAD
 from gateway.api.part_keys import refuse_ambiguous_parts, refuse_repeated_content
 from gateway.config.media import MediaUrlSettings
+from gateway.config.schema import MAX_MEDIA_WALK_VALUES
 from gateway.errors import ErrorCode, GatewayError
 from gateway.media_hosts import BadURL, is_local_name, is_public_address, remote_host
 
@@ -65,9 +67,6 @@ __all__ = ["MAX_REMOTE", "MediaRefs"]
 
 MAX_REMOTE: Final = 256
 """The most http(s) media URLs a request may hold (each is parsed once)."""
-_MAX_DEPTH: Final = 6
-_SKIPPED: Final = frozenset({"type", "text"})  # a part's kind and its prose
-_URL_KEYS: Final = frozenset({"url", "image_url", "video_url", "audio_url"})
 # The holders of llama.cpp's prompt objects and of SGLang's embedding input objects
 _PROMPT_KEYS: Final = ("prompt", "input", "content")
 _PROMPT_TEXT: Final = frozenset({"prompt_string", "text"})  # their prose (llama.cpp, SGLang)
@@ -99,9 +98,12 @@ class MediaRefs:
         self._hosts = hosts  # (where, host name) of each http(s) URL
 
     @classmethod
-    def of(cls, doc: Mapping[str, Any], body: bytes) -> MediaRefs | None:
+    def of(
+        cls, doc: Mapping[str, Any], body: bytes, most_values: int = MAX_MEDIA_WALK_VALUES
+    ) -> MediaRefs | None:
         """The media URLs of the request `doc` (parsed from `body`), or None when it names
-        none (most requests: nothing is parsed for them)."""
+        none (most requests: nothing is parsed for them). 400 when its media places hold
+        more than `most_values` values read one at a time (`limits.max_media_walk_values`)."""
         # Hot path: plain chat messages (a role and a string content) and no llama.cpp
         # prompt object, looked at without a Python call. Any other key (`Content` or
         # `images` beside a role) is walked: the walk reads those too.
@@ -133,9 +135,11 @@ class MediaRefs:
                 # not an embedding of media URLs, nor vLLM's multimodal payload
                 if doc.get("modality") in _TEXT_MODALITY and MM_PAYLOAD not in doc:
                     return None
+        walk = MediaWalk(most_values)  # 400 past `most_values`, before anything else walks
+        _references(doc, body, walk)
         refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []
-        for where, value, url_place in _references(doc, body):
+        for where, value, url_place in walk.refs:
             if value.startswith("data:"):  # as llama.cpp and SGLang read it: lowercase
                 continue
             try:
@@ -154,6 +158,8 @@ class MediaRefs:
             hosts.append((where, host.name))
             if len(hosts) > MAX_REMOTE:
                 return cls(_refuse("messages", f"at most {MAX_REMOTE} http(s) media URLs"), hosts)
+        if walk.too_deep is not None:  # after the strings met before it, as they were met
+            raise walk.too_deep
         return cls(None, hosts) if hosts else None
 
     def refusal(self, settings: MediaUrlSettings) -> GatewayError | None:
@@ -189,9 +195,9 @@ def _has_scheme(value: str) -> bool:
     )
 
 
-def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str, bool]]:
-    """(where, string, whether a URL stands there) for each string a server may read as a
-    media reference."""
+def _references(doc: Mapping[str, Any], body: bytes, walk: MediaWalk) -> None:
+    """Each string a server may read as a media reference that may be refused or name a
+    host, gathered into `walk` (gateway/api/media_walk.py)."""
     messages = doc.get("messages")
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         if not isinstance(message, dict):
@@ -199,23 +205,20 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
         for key, value in message.items():
             folded = key.casefold() if len(key) in (6, 7) else ""
             if folded == "content" and isinstance(value, list):
-                for j, part in enumerate(value):
-                    if isinstance(part, dict):
-                        yield from _part(f"messages[{i}].{key}[{j}]", part)
+                walk.parts(f"messages[{i}].{key}", value)
             elif folded == "images":
-                yield from _strings(f"messages[{i}].{key}", value, True, 0)
+                walk.strings(f"messages[{i}].{key}", value, True, 0)
     # Infinity's embeddings of media: with `modality` "image" or "audio" each string of
     # `input` is a URL it fetches (or a `data:` URL).
     if doc.get("modality") not in _TEXT_MODALITY:
         value = doc.get("input")
         for k, item in enumerate(value if isinstance(value, list) else [value]):
             if isinstance(item, str):
-                yield (f"input[{k}]" if isinstance(value, list) else "input"), item, True
+                walk.strings(f"input[{k}]" if isinstance(value, list) else "input", item, True, 0)
     # vLLM's `mm_payload` (multimodal input given beside the messages): every string in
     # it is judged as a content part's are, a URL where a key names one.
     if MM_PAYLOAD in doc:
-        for value, url_place in payload_strings(doc[MM_PAYLOAD]):
-            yield MM_PAYLOAD, value, url_place
+        walk.payload(MM_PAYLOAD, doc[MM_PAYLOAD])
     # Prompt and input objects: only in a body that holds some (a chat body or a batch of
     # strings has none) and names their media (or may, escaped).
     held = any(_holds_objects(doc.get(name)) for name in _PROMPT_KEYS)
@@ -227,10 +230,10 @@ def _references(doc: Mapping[str, Any], body: bytes) -> Iterator[tuple[str, str,
         for k, item in enumerate(items):
             if isinstance(item, dict):
                 where = f"{name}[{k}]" if isinstance(value, list) else name
+                walk.spend(len(item))
                 for key, inner in item.items():
                     if key not in _PROMPT_TEXT:
-                        url_place = key in _PROMPT_MEDIA
-                        yield from _strings(f"{where}.{key}", inner, url_place, 1)
+                        walk.strings(f"{where}.{key}", inner, key in _PROMPT_MEDIA, 1)
 
 
 def _holds_objects(value: Any) -> bool:
@@ -242,30 +245,3 @@ def _holds_objects(value: Any) -> bool:
 def _names_prompt_media(body: bytes) -> bool:
     """Whether `body` may hold a media item in a prompt or input object (`_NEEDLES`)."""
     return any(body.find(needle) >= 0 for needle in _NEEDLES)  # find: memchr, not `in`
-
-
-def _part(where: str, part: dict[str, Any]) -> Iterator[tuple[str, str, bool]]:
-    for key, value in part.items():
-        folded = key.casefold()
-        if folded in _SKIPPED:
-            continue
-        yield from _strings(where, value, folded in _URL_KEYS, 1)
-
-
-def _strings(
-    where: str, value: Any, url_place: bool, depth: int
-) -> Iterator[tuple[str, str, bool]]:
-    if isinstance(value, str):
-        yield where, value, url_place
-    elif depth >= _MAX_DEPTH:
-        raise GatewayError(
-            ErrorCode.invalid_request, f"`{where}` nests at most {_MAX_DEPTH} deep", param=where
-        )
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            folded = key.casefold()
-            if folded != "type":
-                yield from _strings(where, item, folded == "url", depth + 1)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(where, item, False, depth + 1)

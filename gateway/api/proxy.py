@@ -61,7 +61,7 @@ from gateway.api.standing import Standing
 from gateway.api.trail import Trail
 from gateway.api.usage_bound import counted_media
 from gateway.asgi import Receive, Scope, Send
-from gateway.config.schema import RoutingSettings
+from gateway.config.schema import MAX_MEDIA_WALK_VALUES, RoutingSettings
 from gateway.errors import ErrorCode, GatewayError
 from gateway.policy_set import STALE_POLICIES, TrustPolicies
 from gateway.provenance import LogEntry, Salts
@@ -92,6 +92,7 @@ class Proxy:
         routing: RoutingSettings,
         state: SharedState,
         max_response_bytes: int = DEFAULT_MAX_BODY,
+        max_media_walk_values: int = MAX_MEDIA_WALK_VALUES,
         response_timeout_s: float | None = None,
         stream_timeout_s: float | None = None,
         read_timeout_s: float | None = None,
@@ -101,6 +102,7 @@ class Proxy:
         self._registry = registry
         self._metrics = metrics
         self._trust = trust
+        self._walk_most = max_media_walk_values  # `limits.max_media_walk_values`
         self._private = PrivateRelay(metrics)
         self.router = Router(registry, routing, scraper.load, scraper.interval_s, state)
         self._hosted = HostedRelay(
@@ -131,7 +133,7 @@ class Proxy:
         media_count = counted_media(doc, body)  # once: the reservation's and the bound's
         if exchange.endpoint == "embeddings":
             refuse_unreadable_encoding(doc)  # vLLM's binary answer: no client reads it here
-        media = MediaRefs.of(doc, body)  # URLs a private backend would fetch; None: none
+        media = MediaRefs.of(doc, body, self._walk_most)  # URLs a backend would fetch; or None
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(

@@ -10,7 +10,7 @@ from them.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -115,8 +115,13 @@ class LoggingSettings(_Strict):
     access_log: bool = True
 
 
+# `limits.max_media_walk_values`: 65,536 image parts of 3 values, 32,768 text parts of 2
+MAX_MEDIA_WALK_VALUES: Final = 262_144
+
+
 class LimitSettings(_Strict):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_media_walk_values: int = Field(default=MAX_MEDIA_WALK_VALUES, gt=0)  # media_walk.py
     max_held_body_bytes: int = Field(
         default=1024 * 1024 * 1024,
         gt=0,
