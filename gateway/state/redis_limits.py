@@ -89,25 +89,28 @@ class RedisLimits:
         keys = self._keys
         self._pend(tenant, 1, 0)
         try:
-            reply = await self._call(
-                self._acquire_script,
-                [
-                    keys.leases,
-                    keys.slots(tenant),
-                    keys.held(tenant),
-                    keys.requests(tenant),
-                    keys.tokens(tenant),
-                ],
-                [
-                    self._replica_id,
-                    self._ttl_ms,
-                    limits.concurrent or 0,
-                    limits.requests_per_minute or 0,
-                    limits.tokens_per_minute or 0,
-                    round(CONCURRENCY_RETRY_S * 1_000_000),
-                    slot or "",
-                ],
-            )
+            try:
+                reply = await self._call(
+                    self._acquire_script,
+                    [
+                        keys.leases,
+                        keys.slots(tenant),
+                        keys.held(tenant),
+                        keys.requests(tenant),
+                        keys.tokens(tenant),
+                    ],
+                    [
+                        self._replica_id,
+                        self._ttl_ms,
+                        limits.concurrent or 0,
+                        limits.requests_per_minute or 0,
+                        limits.tokens_per_minute or 0,
+                        round(CONCURRENCY_RETRY_S * 1_000_000),
+                        slot or "",
+                    ],
+                )
+            finally:  # however the call ended: the local decision below must not count it
+                self._pend(tenant, -1, 0)
             # [1] admitted, [-1] no lease, [0, limit, wait µs] refused (lua.ACQUIRE)
             reply = replied("admission", reply, (1,), (-1,), (0, None, None))
             if reply[0] == 0 and (reply[1] not in _REFUSED or reply[2] < 0):
@@ -115,18 +118,15 @@ class RedisLimits:
         except (*FAILURES, *MALFORMED) as exc:
             # Redis may have added the slot (a garbage reply may come from a script
             # that ran): the resync this failure asks for rewrites it as held here.
-            self._pend(tenant, -1, 0)
             self._slots.drop(tenant, slot)
             self._health.failed("admission", exc)
             return self._admit_locally(tenant, limits)
-        except asyncio.CancelledError:
-            self._pend(tenant, -1, 0)
-            self._slots.drop(tenant, slot)
+        except BaseException:  # cancelled, or an error of no class above (a fault)
+            self._slots.drop(tenant, slot)  # never held for good
             self._health.resync = True  # Redis may have added the slot
             raise
         finally:
             self._slots.end_call(slot)
-        self._pend(tenant, -1, 0)
         code = reply[0]
         if code == 1:
             local = limits.share(self._health.replicas)

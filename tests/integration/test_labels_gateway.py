@@ -419,3 +419,20 @@ def test_a_refusal_and_a_defaulted_request_name_the_class_they_were_decided_unde
     refused = chat(gateway, ["phi"])
     assert refused.status_code == 503, refused.text
     assert _class_of(log, refused) == ("refusal", "phi")
+
+
+def test_a_model_the_tenant_is_not_shown_is_recorded_under_the_unlabelled_class(
+    setup: Build, tmp_path: Path
+) -> None:
+    """A request for a model no backend serves (or the key may not use) is refused (404)
+    before its label is read, decided as an unlabelled one: its refusal record names the
+    class that decision applied (the policy's default), whatever label the client sent,
+    a class's name or any other text, never the label."""
+    gateway, _private, _hosted = setup(provenance=True, spec="  default_data_class: public\n")
+    log = tmp_path / "log"
+    for label in (["phi"], ["CANARY-not-a-class"], None):
+        response = chat(gateway, label, model="CANARY-no-such-model")
+        assert response.status_code == 404, response.text
+        assert response.json()["error"]["code"] == "model_not_found"
+        assert _class_of(log, response) == ("refusal", "public"), label
+    assert b"CANARY" not in log_bytes(log)

@@ -244,3 +244,41 @@ def test_a_reservation_redis_has_not_answered_yet_counts_in_a_local_decision(
             await second.release()
 
     asyncio.run(scenario())
+
+
+class _Unforeseen(Exception):
+    """An error of no class the admission expects (a fault of redis-py's or our own)."""
+
+
+def test_an_admission_call_failing_unforeseen_leaves_nothing_counted(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission's Redis call raises an error of no class it expects (not Redis
+    failing, not a malformed reply, not a cancellation): the request fails, and nothing of
+    it may stay counted here. Before, its in-flight admission stayed pending (and its slot
+    taken) for good, so every decision made locally afterwards counted it: with
+    `requests_per_minute: 1` the tenant was refused whenever Redis was away, forever."""
+    limits = TenantLimits(requests_per_minute=1, concurrent=1)
+
+    async def scenario() -> None:
+        async with behind_proxy(redis_server, timeout_s=5.0) as (a, proxy):
+            calls = 0
+
+            async def unforeseen(*_args: object) -> object:
+                nonlocal calls
+                calls += 1
+                raise _Unforeseen("no class the admission expects")
+
+            monkeypatch.setattr(a._limits, "_call", unforeseen)
+            with pytest.raises(_Unforeseen):
+                await a.acquire("acme", limits)
+            assert calls == 1
+            monkeypatch.undo()  # the class's own again
+            proxy.mode = "reset"  # Redis fails: decided here, on nothing charged
+            admitted = await asyncio.wait_for(a.acquire("acme", limits), WAIT_S)
+            assert not admitted.shared, a.status()
+            with pytest.raises(RateLimited):  # the limit holds: the one admitted counts
+                await a.acquire("acme", limits)
+            await admitted.release()
+
+    asyncio.run(scenario())
