@@ -46,6 +46,7 @@ __all__ = [
     "ConnectionLoss",
     "body_writer",
     "client_lost",
+    "cut",
     "drop",
     "mark_lost",
 ]
@@ -70,11 +71,21 @@ class ConnectionLoss:
     being answered (a pipelined or keep-alive request after it is), so a mark on the
     cycles the protocol still knows would miss it."""
 
-    __slots__ = ("dropped", "lost")
+    __slots__ = ("cut", "dropped", "lost", "taken")
 
     def __init__(self) -> None:
         self.lost = False
         self.dropped = False  # by the server itself (`drop`): the gateway's cut
+        # Aborted by the gateway itself (`cut`: a write timeout, the connection cap, `drop`):
+        # what the kernel took may still be lost (closing with unread input resets).
+        self.cut = False
+        # The client ended the connection with every byte handed to it taken by the
+        # kernel (none in this process's write buffer): it read all and closed. Noted by
+        # the listener when it learns of the end (EOF, a clean loss), never after `cut`;
+        # a write after it finds the connection closing and sends nothing (`mark_lost`).
+        # Without it, a client that read an answer's last bytes and closed between two
+        # looks of `BodyWriter.taken` was recorded 499, committing to less than it got.
+        self.taken = False
 
 
 class BodyWriter:
@@ -248,7 +259,8 @@ class BodyWriter:
     async def taken(self) -> bool:
         """Wait until the kernel has taken every byte handed to the connection (none left
         in this process's write buffer, which a crash or a lost connection loses): True,
-        or False when the connection was lost first. uvloop writes to the socket at once,
+        also when the client took it all and then closed (`ConnectionLoss.taken`), or
+        False when the connection was lost first. uvloop writes to the socket at once,
         so a reading client's answer is taken when written; one the client reads slower
         than it is written waits for it. Bounded by the listener, which drops a client
         that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
@@ -262,6 +274,10 @@ class BodyWriter:
             else:  # a tail below the pause mark: no event says when the kernel took it
                 await asyncio.sleep(poll)
                 poll = min(poll * 2, _TAIL_POLL_MAX_S)
+        if self._loss.taken and cycle is not None and not cycle.disconnected:
+            # The client took all of it, then closed (`ConnectionLoss.taken`); a write of
+            # this answer that found the connection closing marked its cycle lost.
+            return True
         if self._loss.dropped:  # every request of the connection: the gateway's cut
             self.dropped = True
         return False
@@ -306,6 +322,16 @@ def drop(connection: Any) -> None:
     loss = getattr(connection, "loss", None)
     if isinstance(loss, ConnectionLoss):  # and any earlier one waiting to be taken
         loss.dropped = True
+    cut(connection)
+
+
+def cut(connection: Any) -> None:
+    """Abort `connection` (a uvicorn HTTP protocol) from the server's side: what the
+    kernel took of its answers counts as taken no more (`ConnectionLoss.cut`): an abort
+    with input unread resets, and the client's kernel drops what it had not read yet."""
+    loss = getattr(connection, "loss", None)
+    if isinstance(loss, ConnectionLoss):
+        loss.cut = True
     connection.transport.abort()
 
 

@@ -145,6 +145,8 @@ class LimitedHttpProtocol(RefusingProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused:
             return
+        if exc is None:  # not a reset (`_note_taken`): before the transport drops its buffer
+            self._note_taken()
         self.room.leave(self._peer, self)
         # uvicorn's keep-alive timer too: it cancels it at a clean end only (not a reset)
         cancel(self._head_timer, self._body_timer, self._linger_timer, self._write_timer)

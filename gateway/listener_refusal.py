@@ -1,7 +1,8 @@
 """The part of the public listener's protocol (gateway/listener.py `LimitedHttpProtocol`)
 that ends a connection: the state the limits keep per connection, the head, body and write
 deadlines, and a refusal, answered as an OpenAI error object (or held until the answers
-before it are out) and followed by a bounded linger instead of a reset."""
+before it are out) and followed by a bounded linger instead of a reset; and what a
+connection's end says of its answers (`_note_taken`: taken by the kernel, all of them)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, ClassVar, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import ConnectionLoss, mark_lost
+from gateway.body_writer import ConnectionLoss, cut, mark_lost
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import (
@@ -65,6 +66,25 @@ class RefusingProtocol(HttpToolsProtocol):
         self.loss = ConnectionLoss()  # its requests' writers learn its loss from it
         self._after_answers: bytes | None = None  # a refusal held until the answers end
 
+    # the end
+
+    def eof_received(self) -> None:
+        """The client closed its side; uvloop closes the connection after this, once its
+        write buffer is out (uvicorn's does nothing more)."""
+        if not self._refused:
+            self._note_taken()
+
+    def _note_taken(self) -> None:
+        """The client ended the connection (its EOF, or a loss without an error: a close
+        whose write buffer went out): if none of what was handed to it is left in this
+        process's write buffer, the kernel took every byte (`ConnectionLoss.taken`), and
+        the answers waiting for that (`BodyWriter.taken`) were taken. Asked before the
+        transport drops its buffer; never after the gateway's own abort (`cut`), whose
+        loss comes without an error too. A reset comes as a loss with its error: not
+        noted, what the buffer held never went out."""
+        if not self.loss.cut and not self.transport.get_write_buffer_size():
+            self.loss.taken = True
+
     # deadlines
 
     def _head_late(self) -> None:
@@ -90,7 +110,7 @@ class RefusingProtocol(HttpToolsProtocol):
                 self._watch_tail()  # taken, or being read: (then) wait again
                 return
         self.refusals.note("write_timeout", self.loop.time())
-        self.transport.abort()
+        cut(self)  # what the kernel took counts as taken no more (`ConnectionLoss.cut`)
 
     def _watch_tail(self) -> None:
         """An answer ended with bytes the client has not taken yet, fewer than pause the

@@ -68,6 +68,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+from gateway.body_writer import cut
+
 __all__ = ["Peer", "Room", "peer_key"]
 
 _ABSENT = object()
@@ -212,7 +214,7 @@ class Room:
                 self._sending[connection] = peer
             elif not transport.is_closing():
                 connections.discard(connection)  # its `connection_lost` comes on a later turn
-                connection.transport.abort()  # `close` would wait for a client that reads nothing
+                cut(connection)  # `close` would wait for a client that reads nothing
                 return True
         return False
 
