@@ -56,8 +56,9 @@ def test_no_requests_is_a_usage_error() -> None:
 def test_a_short_run_counts_the_loop_thread_and_its_signature(tmp_path: Path, shape: str) -> None:
     dumps = tmp_path / "dumps"
     argv = ["--instructions", "--requests", "20", "--shape", shape, "--json"]
-    # a sidecar starts under valgrind: ~20 s here, and 300 warm-up requests; bounds a hang
-    proc = _owngate(*argv, "--keep-dumps", str(dumps), timeout=900)
+    # a sidecar starts under valgrind: ~20 s here alone, and 300 warm-up requests; at load 7
+    # on 2 cores such a run took over 900 s: the bound is for a hang
+    proc = _owngate(*argv, "--keep-dumps", str(dumps), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["shape"] == shape and report["requests"] == 20

@@ -70,7 +70,7 @@ def test_a_short_run_counts_both_configurations(tmp_path: Path) -> None:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=900,  # two gateways start under valgrind: ~30 s each here; bounds a hang
+        timeout=1800,  # two gateways under valgrind: ~30 s each alone, >900 s at load 7; a hang
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
