@@ -34,6 +34,7 @@ from gateway.config.env_refs import unquoted
 from gateway.config.issues import ConfigError, ConfigIssue
 from gateway.config.loader import load_config_text
 from gateway.config.schema import GatewaySettings, StateSettings
+from gateway.label_header import header_pin
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
 from gateway.policy_set import TrustPolicies
@@ -209,7 +210,7 @@ def checked_parts(
     policies: TrustPolicies | None = None
     unread = unreadable is not None
     try:
-        policies = TrustPolicies(config, config_dir)
+        policies = TrustPolicies(config, config_dir, pin=header_pin(environ))
         policies.among_workers = workers > 1  # stale while a read fails (policy_set.py)
     except PolicyError as exc:
         problems += [f"invalid trust policy: {issue}" for issue in exc.issues]

@@ -26,6 +26,7 @@ from typing import Any
 
 from gateway.config.facts import backend_facts
 from gateway.config.schema import GatewaySettings
+from gateway.label_header import HeaderPin, relabels
 from gateway.logs import get_logger
 from gateway.policy import BackendFacts, PolicyError, PolicyIssue, PolicySet, parse_policies
 from gateway.policy.loader import load_policies
@@ -40,7 +41,6 @@ __all__ = [
     "TrustPolicies",
     "builtin_source",
     "policy_stamps",
-    "relabels",
 ]
 
 BUILTIN_POLICY_ID = "builtin-private-only"
@@ -54,27 +54,12 @@ _UNREADABLE_MAX_DOUBLINGS = 6
 # What a request gets from a stale worker (`TrustPolicies.stale`): 503, retry at once
 STALE_POLICIES = (
     "this gateway could not read its trust-policy files whole (unreadable, or changing "
-    "while read), so the policies it holds may not be what they say now; retry shortly"
+    "while read), or they name another data-class header than its other workers read, "
+    "so the policies it holds may not be what they say now; retry shortly"
 )
 
 
 _CHANGED = "the policy files changed while they were read; read again once settled"
-# A reload that would read data-class labels from another header: requests labelled with
-# the running one (`x-sensitivity: phi`) would become unlabelled, their class's
-# `fallback: never` no longer applied. Refused; only a restart changes it.
-_RELABEL = (
-    "data_class_header would change from {old!r} to {new!r} (a PolicySet edited or "
-    "removed): requests labelled with {old!r} would lose their data class; the running "
-    "set stays; restart the gateway to change the header"
-)
-
-
-def relabels(running: PolicySet, fresh: PolicySet) -> str | None:
-    """Why `fresh` may not replace `running` in a running gateway: it reads requests'
-    data-class labels from another header. None if it reads the same one."""
-    if fresh.data_class_header == running.data_class_header:
-        return None
-    return _RELABEL.format(old=running.data_class_header, new=fresh.data_class_header)
 
 
 class TrustPolicies:
@@ -84,7 +69,9 @@ class TrustPolicies:
         config_dir: Path,
         *,
         clock: Callable[[], float] = time.time,
+        pin: HeaderPin | None = None,
     ) -> None:
+        """`pin`: in a worker of `serve --workers N`, the label header of its siblings."""
         self._facts: tuple[BackendFacts, ...] = backend_facts(config)
         self._tenants = tuple(t.id for t in config.tenants)
         self._clock = clock
@@ -125,6 +112,12 @@ class TrustPolicies:
         # One of the workers of `serve --workers N` (set by `assemble`): while its last read
         # of the files failed it is `stale` (its siblings may enforce what they say now)
         self.among_workers = False
+        # And while its set names another label header than they read (label_header.py)
+        self._pin = pin
+        self.last_error = pin.refuses(self.current) if pin and self.read_whole else None
+        self.off_pin = self.last_error is not None
+        if self.off_pin:
+            self._log.error("policy set not served: another label header", problem=self.last_error)
         # The policies of the config a gateway.yaml reload installed after this one's: the
         # requests still running on this config check their attempts against them too.
         self.successor: TrustPolicies | None = None
@@ -151,7 +144,7 @@ class TrustPolicies:
         supervisor restarted) found the files changing while it read them: cut short, they
         may parse as a weaker set, and there is no last good set to serve instead; until
         a read finds them whole (the watcher's, once they hold still)."""
-        return (self.among_workers and self._behind) or not self.read_whole
+        return (self.among_workers and self._behind) or not self.read_whole or self.off_pin
 
     @property
     def read_failed(self) -> bool:
@@ -227,10 +220,7 @@ class TrustPolicies:
         if read < self._applied:
             return False
         self._applied = read
-        # (A set read at start while a file changed served nothing: maybe it lost the
-        # PolicySet, cut short; the header read whole is the first it serves.)
-        fresh = outcome if isinstance(outcome, PolicySet) and self.read_whole else None
-        why = None if fresh is None else relabels(self.current, fresh)
+        why = self._relabels(outcome) if isinstance(outcome, PolicySet) else None
         if why is not None:  # not a read that failed: `_behind` and `_retry_in` unchanged
             where = str(self._paths[0]) if self._paths else "policy"
             outcome = PolicyError([PolicyIssue(where, None, None, "data_class_header", why)])
@@ -262,6 +252,7 @@ class TrustPolicies:
         changed = fresh.digest != self.current.digest
         self.current = fresh  # one reference swap: requests see the old set or the new
         self.read_whole = True
+        self.off_pin = False
         self.last_error = None
         self.loaded_at = self._clock()
         if changed:
@@ -269,6 +260,14 @@ class TrustPolicies:
                 "policy set loaded", id=fresh.id, version=fresh.version, digest=fresh.digest
             )
         return changed
+
+    def _relabels(self, fresh: PolicySet) -> str | None:
+        """Why `fresh` may not be served: in a worker, it names another label header than
+        the pinned one; in one process, than the running set, unless that served nothing
+        (read at start while a file changed: maybe it lost the PolicySet, cut short)."""
+        if self._pin is not None:
+            return self._pin.refuses(fresh)
+        return relabels(self.current, fresh) if self.read_whole else None
 
     def _fingerprint(self) -> Stamps:
         return policy_stamps(self._paths)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -85,6 +86,9 @@ async def act(
             subject=subject,
             change_digest=digest,
             outcome="failed" if failed else "local" if local else "done",
+            # unknown to every tenant: one whose inclusion proof holds this record's leaf
+            # hash as a neighbour confirms no guess of it (which key was revoked, when)
+            blind=secrets.token_hex(32),
         )
         try:
             index = (await recorder.log.append(record)).index

@@ -50,9 +50,10 @@ from gateway.config.env_refs import unquoted
 from gateway.config.issues import ConfigError, ConfigIssue
 from gateway.config.loader import load_config_file
 from gateway.config.schema import GatewaySettings
+from gateway.label_header import relabels
 from gateway.logs import get_logger
 from gateway.policy import PolicyError
-from gateway.policy_set import UNLISTED, policy_stamps, relabels
+from gateway.policy_set import UNLISTED, policy_stamps
 from gateway.settling import Settling, written_since
 from gateway.upstream.litellm_runtime import preload_litellm
 
@@ -306,7 +307,9 @@ class ConfigReloader:
             read = running.policies.current
             await parts.policies.reload_off_loop()
         # Labels from another header: refused (`relabels`), unless what runs served nothing
-        served = running.policies.read_whole and not self._unsettled  # read cut short?
+        # (read cut short, or its header not the other workers': `off_pin`)
+        served = running.policies.read_whole and not running.policies.off_pin
+        served = served and not self._unsettled
         relabel = relabels(read, parts.policies.current) if served else None
         if relabel or parts.policies.last_error is not None or not parts.policies.read_whole:
             # Read again and refused (the next edit caught half written): what was compiled

@@ -151,9 +151,11 @@ def run_demo(host: str, port: int, out: TextIO = sys.stdout) -> int:
         }
         # Run from a copy of the bundled gateway.yaml, reloaded as `owngate serve` reloads
         # its file: the admin API's reload and key creation (which stores the key in
-        # `keys_file` and reloads) work as they do on a real gateway.
+        # `keys_file` and reloads) work as they do on a real gateway. With the bundled
+        # file's mtime: one stamped just before the reading began may have been written
+        # during it (gateway/settling.py), and the demo would refuse until a look read it.
         config_file = log_dir / "gateway.yaml"
-        shutil.copyfile(DEMO_DIR / "gateway.yaml", config_file)
+        shutil.copy2(DEMO_DIR / "gateway.yaml", config_file)
         read_at = time.time()
         config = load_config(config_file, env=environ)
         url = f"http://{host}:{sock.getsockname()[1]}"

@@ -183,3 +183,65 @@ def test_a_config_read_at_start_while_it_was_written_is_not_served(tmp_path: Pat
     assert not reloader.stale
     assert app.parts.config.policy is not None
     assert app.policies.latest().decide("acme", "m", None).private == ()
+
+
+@pytest.mark.parametrize(
+    ("stamped", "clock"),
+    [
+        (lambda read_at: int(read_at) * 1_000_000_000, "a whole-second file system"),
+        (lambda read_at: int(read_at * 1e9) - 5_000_000, "the kernel's clock a tick behind"),
+    ],
+)
+def test_a_config_written_during_the_read_but_stamped_before_it_is_not_served(
+    tmp_path: Path, stamped: Any, clock: str
+) -> None:
+    """The editor finished gateway.yaml after `serve` began reading it, but the stamp it
+    got is earlier than `read_at`: a file system keeping whole seconds rounds it down to
+    the second, the kernel stamps from a clock that moves once a tick. Compared with no
+    slack, the torn config (the built-in policy: gpu admitted) was served until the
+    first settled look."""
+    import time
+
+    app, path, text = _rig(tmp_path)
+    write(path, text.removesuffix(POLICY_SECTION), 1_000_000_000)
+    read_at = int(time.time()) + 0.5  # half a second in: a whole-second stamp is before it
+    torn = load_config(path)
+    write(path, text, stamped(read_at))  # finished during the read, stamped before it
+    assert path.stat().st_mtime_ns < int(read_at * 1e9)
+    app = create_app(
+        torn, environ={}, config_dir=tmp_path, config_file=path, config_read_at=read_at
+    )
+    reloader = app.reloader
+    assert reloader is not None
+    assert reloader.stale, f"a config written during its read was served ({clock})"
+
+    async def looks() -> list[bool]:
+        return [await reloader.poll() for _ in range(2)]
+
+    assert asyncio.run(looks()) == [False, True]
+    assert not reloader.stale
+    assert app.policies.latest().decide("acme", "m", None).private == ()
+
+
+@pytest.mark.parametrize(
+    ("stamped", "what"),
+    [
+        (lambda read_at: (int(read_at) - 3) * 1_000_000_000, "a whole second 3.5 s before"),
+        (lambda read_at: int(read_at * 1e9) - 100_000_001, "a fine stamp 0.1 s before"),
+    ],
+)
+def test_a_config_written_well_before_the_read_is_served(
+    tmp_path: Path, stamped: Any, what: str
+) -> None:
+    """The slack is bounded: a file last written well before the reading began (as
+    `serve` restarted on an unchanged file) is served at once."""
+    import time
+
+    _, path, text = _rig(tmp_path)
+    read_at = int(time.time()) + 0.5
+    write(path, text, stamped(read_at))
+    app = create_app(
+        load_config(path), environ={}, config_dir=tmp_path, config_file=path, config_read_at=read_at
+    )
+    assert app.reloader is not None
+    assert not app.reloader.stale, f"{what}: refused"

@@ -48,6 +48,7 @@ from gateway.provenance.formats.records import (
     DataClass,
     LogEntry,
     TraceStep,
+    admin_record,
     completion_record,
     dispatch_record,
     refusal_record,
@@ -194,10 +195,11 @@ _BUILDERS: dict[str, Any] = {
     "dispatch": dispatch_record,
     "refusal": refusal_record,
     "completion": completion_record,
+    "admin": admin_record,
 }
 
 
-@pytest.mark.parametrize("kind", ["dispatch", "refusal", "completion"])
+@pytest.mark.parametrize("kind", ["dispatch", "refusal", "completion", "admin"])
 def test_a_records_blind_is_optional_and_64_lowercase_hex(kind: str) -> None:
     """`blind` (32 random bytes no receipt gives) is read in records with and without it
     (a log written before it existed still verifies); anything but 64 lowercase hex digits
@@ -283,6 +285,16 @@ _BLINDED: dict[str, dict[str, Any]] = {
         "usage": None,
         "latency_ms": 31,
         "response_commitment": None,
+    },
+    "admin": {
+        "request_id": "adm_0123456789abcdef01234567",
+        "time": datetime(2026, 1, 1, tzinfo=UTC),
+        "role": "security",
+        "token": "0123456789ab",
+        "action": "key_revoke",
+        "subject": "acme",
+        "change_digest": "cd" * 32,
+        "outcome": "done",
     },
 }
 

@@ -329,15 +329,18 @@ def admin_record(
     subject: str,
     change_digest: str,
     outcome: str,
+    blind: str | None = None,
 ) -> dict[str, object]:
     """An admin API action (reload, drain, key create/revoke): who took it (`role`, and
     `token`, the first 12 hex digits of the admin token's digest, or "loopback"), what
-    (`action` on `subject`), the change's SHA-256, whether it was taken (`outcome`)."""
+    (`action` on `subject`), the change's SHA-256, whether it was taken (`outcome`);
+    `blind`: random bytes no receipt gives (schema.py). Absent when None."""
     check_text(request_id, "request_id", empty=False)
     check_text(subject, "subject")
     check_hex64(change_digest, "change_digest")
     check_one_of(outcome, "outcome", ADMIN_OUTCOMES)
-    return {
+    check_hex64(blind, "blind", optional=True)
+    record: dict[str, object] = {
         "v": SCHEMA_VERSION,
         "type": "admin",
         "request_id": request_id,
@@ -349,3 +352,6 @@ def admin_record(
         "change_digest": change_digest,
         "outcome": outcome,
     }
+    if blind is not None:  # what no receipt gives (schema.py)
+        record["blind"] = blind
+    return record

@@ -199,6 +199,13 @@ RECORD_SCHEMAS: dict[str, dict[str, object]] = {
         "subject": str,
         "change_digest": _HEX64,
         "outcome": Omittable(ADMIN_OUTCOMES),
+        # 32 random bytes, in no receipt: an admin record can be the level-0 neighbour of
+        # a tenant's entry in the inclusion proof it fetches, and the rest of it is
+        # guessable (the action and subject: its own key revoked, a reload; the change
+        # digest of what it can name; a time to the millisecond; the token's 48-bit digest
+        # prefix) but for the request id, an id, not a secret; absent in records written
+        # before it existed.
+        "blind": Omittable(_HEX64),
     },
     # The `owngate attest` sidecar's log entry: the statement it countersigned.
     "attestation": {
