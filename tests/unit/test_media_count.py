@@ -237,8 +237,18 @@ _MESSAGES = st.lists(
 @given(messages=_MESSAGES)
 def test_the_count_judges_each_part_as_before(messages: list[Any]) -> None:
     """Any mix of parts and messages, names in any case, 'content' in more spellings than
-    are read one at a time: the count is the one made part by part."""
+    are read one at a time: the count is the one made part by part (and message by
+    message, but for the case below)."""
     doc = {"model": "m", "messages": messages}
     assert media_parts(doc) == _reference(doc)
     body = json.dumps(doc).encode()
     assert media_parts(doc, body) == _reference(doc)
+
+
+def test_a_message_of_one_member_in_another_case_is_counted() -> None:
+    """Before, a message's `Images` or `CONTENT` was read only beside another member: a
+    message of that one member alone counted none (a Go server reads its media)."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    doc = {"messages": [{"Images": ["a", "b"]}, {"CONTENT": [image]}]}
+    assert media_parts(doc) == 3
+    assert media_parts(doc, json.dumps(doc).encode()) == 3
