@@ -51,13 +51,15 @@ class MediaWalk:
     value nested too deep that stopped it (`too_deep`), and the members and arrays it may
     still read one at a time (`left`)."""
 
-    __slots__ = ("left", "most", "refs", "too_deep")
+    __slots__ = ("_payload_items", "left", "most", "payload_refs", "refs", "too_deep")
 
     def __init__(self, most: int) -> None:
         self.most = most
         self.left = most
         self.refs: list[Ref] = []
         self.too_deep: GatewayError | None = None
+        self.payload_refs: list[Ref] | None = None  # `mm_payload`'s, once walked
+        self._payload_items = 0
 
     def parts(self, where: str, parts: list[Any]) -> None:
         """A message's content parts at `where` (`messages[0].content`): each part's members
@@ -96,23 +98,33 @@ class MediaWalk:
         else:
             self._nested(where, [([value], url_place, depth)])
 
-    def payload(self, where: str, payload: Any) -> None:
+    def payload(self, where: str, payload: Any) -> int:
         """vLLM's `mm_payload`: every string, at any depth (the body's is bounded), a URL where
-        its member's name is `url` or ends in `_url`, and in the arrays under it."""
-        refs = self.refs
+        its member's name is `url` or ends in `_url`, and in the arrays under it. The one
+        reading of it (gateway/api/mm_payload.py): the strings kept go to `payload_refs`,
+        and the count of all its strings (each a media item to vLLM) is returned. Walked
+        once per request: a second call (the media check's, after the count's) reads what
+        the first found."""
+        if self.payload_refs is not None:
+            return self._payload_items
+        refs: list[Ref] = []
+        self.payload_refs = refs
+        items = 0
         # Each entry: values of one URL place (an array's objects and arrays as one list,
         # not a tuple per item: a million of those cost more than the walk).
         stack: list[tuple[list[Any], bool]] = [([payload], False)]
-        while stack and self.too_deep is None:
+        while stack:
             values, url_place = stack.pop()
             for value in values:
                 if value.__class__ is str:
+                    items += 1
                     if (not value.startswith("data:")) if url_place else _MATTERS(value):
                         refs.append((where, value, url_place))
                 elif value.__class__ is dict:
                     self.spend(len(value))
                     for k, v in value.items():  # a loop, not a generator: a frame less each
                         if v.__class__ is str:
+                            items += 1
                             if v.startswith("data:"):
                                 continue
                             url = k.casefold() in _URL_KEYS or k.endswith("_url")
@@ -123,9 +135,12 @@ class MediaWalk:
                 elif value.__class__ is list:
                     self.spend(1)
                     strings, inner = _split(value)
+                    items += len(strings)
                     refs.extend(zip(repeat(where), _kept(strings, url_place), repeat(url_place)))
                     if inner:
                         stack.append((inner, url_place))
+        self._payload_items = items
+        return items
 
     def _nested(self, where: str, stack: list[tuple[list[Any], bool, int]]) -> bool:
         """The values on `stack` (values of one URL place and depth), and everything under

@@ -34,7 +34,8 @@ bodies walked; the walk below looks at each object of those places once.
 from __future__ import annotations
 
 import json
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
+from operator import itemgetter, ne
 from typing import Any, Final
 
 from gateway.errors import ErrorCode, GatewayError
@@ -46,14 +47,20 @@ _Pairs = tuple[tuple[str, Any], ...]
 _PROMPT_KEYS: Final = ("prompt", "input", "content")  # llama.cpp prompt objects' holders
 _NESTED: Final = (tuple, list)
 _MESSAGE_LISTS: Final = frozenset({"content", "images"})  # a message's parts, its images
+_NAME, _VALUE = itemgetter(0), itemgetter(1)
 
 
 def refuse_ambiguous_parts(body: bytes) -> None:
     """Raise 400 `invalid_request` for the first object in a media place of `body` (see
     above) that holds a key twice or in two cases; `body` is a JSON object already parsed
     (gateway/api/body.py bounded its depth)."""
+    # The collector stays off until the pairs are freed: a collection then would walk
+    # each of them (as long as the walk below, for 130,000 parts), for no cycle.
     with no_collection(at_most(body)):
-        top: _Pairs = json.loads(body, object_pairs_hook=tuple)
+        _refuse_ambiguous(json.loads(body, object_pairs_hook=tuple))
+
+
+def _refuse_ambiguous(top: _Pairs) -> None:
     for name, value in top:
         if name == "messages" and isinstance(value, list):
             for i, message in enumerate(value):
@@ -74,8 +81,11 @@ def refuse_repeated_content(body: bytes) -> None:
     first-wins reader (Go's gjson) and both to a Go type whose `UnmarshalJSON` keeps a
     string and parts in two fields. Called only when a search of the body found a name
     written more often than kept, or escaped (gateway/api/private_media.py)."""
-    with no_collection(at_most(body)):
-        top: _Pairs = json.loads(body, object_pairs_hook=tuple)
+    with no_collection(at_most(body)):  # off until the pairs are freed (above)
+        _refuse_repeated(json.loads(body, object_pairs_hook=tuple))
+
+
+def _refuse_repeated(top: _Pairs) -> None:
     for name, value in top:
         if name == "messages" and value.__class__ is list:
             for i, message in enumerate(value):
@@ -94,6 +104,8 @@ def _message(i: int, message: _Pairs) -> None:
             continue
         if tuple not in (kinds := set(map(type, value))) and list not in kinds:
             continue  # strings only (`images`): nothing to read one at a time
+        if _plain_parts(value):
+            continue  # flat objects of distinct lowercase names, told in C
         for j, part in enumerate(value):
             if part.__class__ is tuple:  # inline: most parts are one flat object
                 wrong = _wrong_keys(part) if len(part) > 1 else None
@@ -107,6 +119,26 @@ def _message(i: int, message: _Pairs) -> None:
                 wrong = _nested(part) if part.__class__ is list else None
             if wrong is not None:
                 raise _ambiguous(f"messages[{i}].{key}[{j}]", wrong)
+
+
+def _plain_parts(parts: list[Any]) -> bool:
+    """Whether `parts` are objects (as decoded, repeats kept) each of distinct names, no two
+    Go folds together, and so are the objects they hold: read in C, no Python step per
+    part or name (a body within `limits.max_media_walk_values` may hold 130,000 parts),
+    a call per level of nesting (the body's depth is bounded). False when any is another
+    shape (an array), or a name is not lowercase ASCII: the part loop judges each then,
+    exactly."""
+    if len(objects := list(compress(parts, map(isinstance, parts, repeat(tuple))))) < len(parts):
+        return False
+    pairs = list(chain.from_iterable(objects))
+    names = "\0".join(map(_NAME, pairs))
+    if not names.isascii() or names != names.lower():
+        return False  # names that fold (`Type`): judged part by part
+    if any(map(ne, map(len, map(dict, objects)), map(len, objects))):
+        return False  # a name twice (lowercase ASCII: no other fold)
+    values = list(map(_VALUE, pairs))
+    inner = list(compress(values, map(isinstance, values, repeat(_NESTED))))
+    return not inner or _plain_parts(inner)  # an `image_url` object's, alike
 
 
 def _nested(value: _Pairs | list[Any]) -> str | None:

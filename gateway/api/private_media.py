@@ -63,7 +63,7 @@ from gateway.config.schema import MAX_MEDIA_WALK_VALUES
 from gateway.errors import ErrorCode, GatewayError
 from gateway.media_hosts import BadURL, is_local_name, is_public_address, remote_host
 
-__all__ = ["MAX_REMOTE", "MediaRefs"]
+__all__ = ["MAX_REMOTE", "MediaRefs", "MediaWalk"]  # the walk: the media count begins it
 
 MAX_REMOTE: Final = 256
 """The most http(s) media URLs a request may hold (each is parsed once)."""
@@ -99,11 +99,17 @@ class MediaRefs:
 
     @classmethod
     def of(
-        cls, doc: Mapping[str, Any], body: bytes, most_values: int = MAX_MEDIA_WALK_VALUES
+        cls,
+        doc: Mapping[str, Any],
+        body: bytes,
+        most_values: int = MAX_MEDIA_WALK_VALUES,
+        walk: MediaWalk | None = None,
     ) -> MediaRefs | None:
         """The media URLs of the request `doc` (parsed from `body`), or None when it names
         none (most requests: nothing is parsed for them). 400 when its media places hold
-        more than `most_values` values read one at a time (`limits.max_media_walk_values`)."""
+        more than `most_values` values read one at a time (`limits.max_media_walk_values`),
+        or past the bound of `walk`, the request's walk when the media count began it
+        (`usage_bound.counted_media`: its `mm_payload` is not walked again)."""
         # Hot path: plain chat messages (a role and a string content) and no llama.cpp
         # prompt object, looked at without a Python call. Any other key (`Content` or
         # `images` beside a role) is walked: the walk reads those too.
@@ -135,7 +141,8 @@ class MediaRefs:
                 # not an embedding of media URLs, nor vLLM's multimodal payload
                 if doc.get("modality") in _TEXT_MODALITY and MM_PAYLOAD not in doc:
                     return None
-        walk = MediaWalk(most_values)  # 400 past `most_values`, before anything else walks
+        if walk is None:  # 400 past `most_values`, before anything else walks
+            walk = MediaWalk(most_values)
         _references(doc, body, walk)
         refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
         hosts: list[tuple[str, str]] = []
@@ -217,8 +224,10 @@ def _references(doc: Mapping[str, Any], body: bytes, walk: MediaWalk) -> None:
                 walk.strings(f"input[{k}]" if isinstance(value, list) else "input", item, True, 0)
     # vLLM's `mm_payload` (multimodal input given beside the messages): every string in
     # it is judged as a content part's are, a URL where a key names one.
-    if MM_PAYLOAD in doc:
+    # (Walked once per request: the media count read it first, when it did.)
+    if MM_PAYLOAD in doc and walk.too_deep is None:
         walk.payload(MM_PAYLOAD, doc[MM_PAYLOAD])
+        walk.refs.extend(walk.payload_refs or ())
     # Prompt and input objects: only in a body that holds some (a chat body or a batch of
     # strings has none) and names their media (or may, escaped).
     held = any(_holds_objects(doc.get(name)) for name in _PROMPT_KEYS)

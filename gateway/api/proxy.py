@@ -42,7 +42,7 @@ from gateway.api.labels import UNKNOWN
 from gateway.api.listing import decide_listed
 from gateway.api.metrics import GatewayMetrics
 from gateway.api.passthrough import PrivateRelay
-from gateway.api.private_media import MediaRefs
+from gateway.api.private_media import MediaRefs, MediaWalk
 from gateway.api.recorded_attempt import recorded
 from gateway.api.recorder import Recorder
 from gateway.api.refusal import (
@@ -130,10 +130,10 @@ class Proxy:
         tenant = standing.tenant
         doc = parse_body(body, scan)  # scan: `scan_body(body)`
         refuse_control_fields(doc, body)  # a router's and an inference server's own fields
-        media_count = counted_media(doc, body)  # once: the reservation's and the bound's
+        media_count = counted_media(doc, body, walk := MediaWalk(self._walk_most))  # once
         if exchange.endpoint == "embeddings":
             refuse_unreadable_encoding(doc)  # vLLM's binary answer: no client reads it here
-        media = MediaRefs.of(doc, body, self._walk_most)  # URLs a backend would fetch; or None
+        media = MediaRefs.of(doc, body, walk=walk)  # URLs a backend fetches (count's walk)
         model = doc.get("model")
         if not isinstance(model, str) or not model:
             raise GatewayError(

@@ -62,12 +62,14 @@ so (`usage_bound`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from itertools import repeat
+from collections.abc import Mapping
 from typing import Any, Final
 
-from gateway.api.mm_payload import MM_PAYLOAD, payload_media
+from gateway.api.media_count import count_media
+from gateway.api.media_walk import MediaWalk
+from gateway.api.mm_payload import MM_PAYLOAD
 from gateway.canonical import MAX_SAFE_INTEGER
+from gateway.config.schema import MAX_MEDIA_WALK_VALUES
 from gateway.errors import ErrorCode, GatewayError
 
 __all__ = [
@@ -226,7 +228,9 @@ def _prompts(ask: Mapping[str, Any] | None) -> int:
     return len(prompt)
 
 
-def media_parts(ask: Mapping[str, Any] | None, body: bytes | None = None) -> int:
+def media_parts(
+    ask: Mapping[str, Any] | None, body: bytes | None = None, walk: MediaWalk | None = None
+) -> int:
     """Content parts of chat messages that are not text, the items of a message's `images`
     (LiteLLM's and Ollama's images beside the content), media items of llama.cpp prompt
     objects (`{"prompt_string": ..., "multimodal_data": [...]}` as a completion's
@@ -234,9 +238,12 @@ def media_parts(ask: Mapping[str, Any] | None, body: bytes | None = None) -> int
     embedding input objects (`[{"text": ..., "image": ...}]`); and each string of an
     embedding's `input` whose `modality` is not text (Infinity fetches and embeds each
     as an image or audio clip), and each string of vLLM's `mm_payload` (its media beside
-    the messages: gateway/api/mm_payload.py). Exact: the walk stops only once it found more than
-    `MEDIA_MOST` (a count past it is refused, `counted_media`). `body`, the bytes `ask`
-    was parsed from: when they hold no name the walk reads (`_no_media`), none, unwalked.
+    the messages: gateway/api/mm_payload.py). Exact up to `MEDIA_MOST` (a count past it
+    is refused, `counted_media`), and counted with no Python step per part, message or
+    input object (gateway/api/media_count.py). `body`, the bytes `ask` was parsed from:
+    when they hold no name the count reads (`_no_media`), none, uncounted. `walk`: the
+    request's media walk, which reads `mm_payload` (400 past its bound); without one, a
+    payload past the default bound counts as more than `MEDIA_MOST`.
 
     A message's `content` and `images` and a part's `type` are read in any case too, as a
     server in Go reads them (encoding/json matches names without regard to case and keeps
@@ -245,22 +252,20 @@ def media_parts(ask: Mapping[str, Any] | None, body: bytes | None = None) -> int
     reservation and the bound. A part counts when any of its type names is not text."""
     if ask is None or (body is not None and _no_media(body)):
         return 0
-    found = _modality_inputs(ask) + payload_media(ask, MEDIA_MOST)
-    for holder, key, every in _media_holders(ask):
-        items = holder.get(key)
-        if every and items is not None and not isinstance(items, list):
-            items = [items]  # one item (SGLang's image or video of an input object)
-        if isinstance(items, list):
-            found += len(items) if every else sum(map(_media_part, items))
-            if found > MEDIA_MOST:
-                break
-    return found
+    if walk is not None:
+        return count_media(ask, walk, MEDIA_MOST)
+    try:
+        return count_media(ask, MediaWalk(MAX_MEDIA_WALK_VALUES), MEDIA_MOST)
+    except GatewayError:  # refused at ingress (`counted_media`)
+        return MEDIA_MOST + 1
 
 
-def counted_media(ask: Mapping[str, Any], body: bytes) -> int:
+def counted_media(ask: Mapping[str, Any], body: bytes, walk: MediaWalk | None = None) -> int:
     """`media_parts`, counted once per request (the token reservation and the usage bound
-    are given it); 400 for more than `MEDIA_MOST` media items (text parts not counted)."""
-    found = media_parts(ask, body)
+    are given it); 400 for more than `MEDIA_MOST` media items (text parts not counted),
+    and for a `mm_payload` past the bound of `walk` (the request's media walk, which the
+    media check reads next; the default bound's without one)."""
+    found = media_parts(ask, body, MediaWalk(MAX_MEDIA_WALK_VALUES) if walk is None else walk)
     if found > MEDIA_MOST:
         raise GatewayError(
             ErrorCode.invalid_request,
@@ -296,101 +301,3 @@ def _no_media(body: bytes) -> bool:
         return False
     types = low.count(b"type")
     return types == body.count(_TEXT_TYPES[0]) or types == sum(map(body.count, _TEXT_TYPES))
-
-
-def _modality_inputs(ask: Mapping[str, Any]) -> int:
-    """The strings of an embedding's `input` that Infinity reads as media URLs (its
-    `modality` not text: gateway/api/private_media.py), each counted, in C."""
-    if ask.get("modality") in _TEXT_MODALITY:
-        return 0
-    value = ask.get("input")
-    if isinstance(value, str):
-        return 1
-    return sum(map(isinstance, value, repeat(str))) if isinstance(value, list) else 0
-
-
-_TEXT_MODALITY: Final = (None, "text")  # Infinity's `modality` that reads `input` as text
-
-
-def _media_part(item: Any) -> bool:
-    """Whether a content part is not text by any key that is `type` in some case. A
-    `type` that is `null` beside a key other than `text` counts too: it may be the last
-    copy of a repeated `type` (`{"type": "image_url", "image_url": ..., "type": null}`),
-    which JSON parsers that keep the last read as none, while Go's encoding/json leaves
-    a string field as it was for a `null`: an image to such a server. A part with a key
-    naming an image, audio or video (`_PART_MEDIA`) counts whatever its `type`: vLLM
-    reads `{"input_audio": ...}` without a `type` as media by that key (before, none: 100
-    such audio clips were reserved and bounded as text), and one with a `uuid` whatever
-    its `type` (refused at ingress: server_fields.py)."""
-    if not isinstance(item, dict):
-        return False
-    kind = item.get("type", "text")
-    if kind == "text" and item.keys() <= _TEXT_PART:
-        return False  # a plain text part: the common case, in C
-    if kind != "text" and (kind is not None or any(k not in _TEXT_PART for k in item)):
-        return True
-    if any(name in k.lower() for k in item for name in _PART_MEDIA):
-        return True  # vLLM's part without `type` (or with a `uuid`), read by its keys
-    return len(item) > 1 and any(
-        len(k) == 4 and k != "type" and k.casefold() == "type" and v not in ("text", None)
-        for k, v in item.items()
-    )
-
-
-_TEXT_PART: Final = frozenset(("type", "text"))
-# What names a part's media to vLLM when it has no `type` (or a `uuid`): `image_url`,
-# `image_pil`, `image_embeds`, `audio_url`, `input_audio`, `audio_embeds`, `video_url`;
-# any key holding one of these counts (in any case).
-_PART_MEDIA: Final = ("image", "audio", "video")
-
-
-def _folded(holder: Any, name: str) -> list[str]:
-    """The keys of `holder` (an object) other than `name` that a server in Go reads as
-    `name` (one character to one: the same length, `casefold` for U+017F and U+212A)."""
-    if not isinstance(holder, dict) or len(holder) < 2:
-        return []
-    size = len(name)
-    return [k for k in holder if len(k) == size and k != name and k.casefold() == name]
-
-
-# Where a prompt or input object sits: a completion's `prompt`, an embedding's `input`,
-# and llama.cpp's embeddings `content` (read when there is no `input`), each the object
-# itself or entries of a batch (as gateway/api/private_media.py walks them).
-_PROMPT_HOLDERS: Final = ("prompt", "input", "content")
-_PLAIN: Final = frozenset(("role", "content"))  # a plain chat message's keys: no `images`
-# The media of such an object: llama.cpp's `multimodal_data` (an array of items), SGLang's
-# embeddings `image` and `video` (one item each; an array counts its items).
-_PROMPT_MEDIA: Final = ("multimodal_data", "image", "video")
-
-
-def _media_holders(ask: Mapping[str, Any]) -> Iterator[tuple[dict[str, Any], str, bool]]:
-    """Where media may sit, and whether each item there is one: each chat message's
-    `content` (parts, each judged) and `images` (each an image), in any case
-    (`_folded`), and each prompt or input object's media (`_PROMPT_MEDIA`, each an item;
-    llama.cpp and SGLang read names as written). A generator: `media_parts` stops once
-    it found more than `MEDIA_MOST` items, and the entries past them are never visited
-    (a list of every holder first took four times the body's parse for an 8 MiB batch of
-    SGLang input objects)."""
-    messages = ask.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if not isinstance(message, dict):
-                continue
-            yield message, "content", False
-            if message.keys() <= _PLAIN:  # a plain role and content: nothing else to read
-                continue
-            for key in _folded(message, "content"):
-                yield message, key, False
-            for key in _named(message, "images"):
-                yield message, key, True
-    for name in _PROMPT_HOLDERS:
-        value = ask.get(name)
-        for entry in value if isinstance(value, list) else [value]:
-            if isinstance(entry, dict):
-                for key in _PROMPT_MEDIA:
-                    yield entry, key, True
-
-
-def _named(holder: dict[str, Any], name: str) -> list[str]:
-    """`name` if `holder` has it, and the keys a server in Go reads as it (`_folded`)."""
-    return ([name] if name in holder else []) + _folded(holder, name)
