@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gateway.api import body as body_module
 from gateway.api.body import _repeated_keys
 from tests.helpers.json_texts import json_texts
+from tests.helpers.python_calls import python_steps
 
 _NAMES = ["model", "stream", "stream_options", "include_usage", "messages", "x"]
 
@@ -231,26 +232,7 @@ def test_a_repeat_inside_stream_options_is_found_and_nested_ones_are_not() -> No
 
 def _steps_of_scan(body: bytes) -> int:
     """The Python lines run and functions called (C ones too) while `scan_body(body)` runs."""
-    steps = 0
-
-    def trace(_frame: object, event: str, _arg: object) -> object:
-        nonlocal steps
-        steps += 1  # a call, then each line and return of the frame it traces
-        return trace
-
-    def profile(_frame: object, event: str, _arg: object) -> None:
-        nonlocal steps
-        steps += event == "c_call"
-
-    tracer, profiler = sys.gettrace(), sys.getprofile()  # a debugger's or coverage's
-    sys.settrace(trace)  # type: ignore[arg-type]
-    sys.setprofile(profile)
-    try:
-        body_module.scan_body(body)
-    finally:
-        sys.setprofile(profiler)
-        sys.settrace(tracer)
-    return steps
+    return python_steps(lambda: body_module.scan_body(body))
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ the count is held to the judgement it made before, part by part (`_reference_par
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from gateway.api.private_media import MediaRefs
 from gateway.api.usage_bound import MEDIA_MOST, counted_media, media_parts
 from gateway.config.media import MediaUrlSettings
 from gateway.errors import GatewayError
+from tests.helpers.python_calls import python_steps
 
 _HEAD = b'{"model":"m","messages":[{"role":"user","content":'
 _IMAGE = b'{"type":"image_url","image_url":{"url":"data:a"}}'
@@ -90,28 +90,7 @@ SHAPES: dict[str, tuple[Callable[[int], bytes], Callable[[int], int]]] = {
 
 def _steps(run: Callable[[], object]) -> int:
     """The Python lines run and functions called (C ones too) by `run`."""
-    steps = 0
-
-    def trace(_frame: object, event: str, _arg: object) -> object:
-        nonlocal steps
-        steps += 1  # a call, then each line and return of the frame it traces
-        return trace
-
-    def profile(_frame: object, event: str, _arg: object) -> None:
-        nonlocal steps
-        steps += event == "c_call"
-
-    tracer, profiler = sys.gettrace(), sys.getprofile()  # a debugger's or coverage's
-    sys.settrace(trace)  # type: ignore[arg-type]
-    sys.setprofile(profile)
-    try:
-        run()
-    except GatewayError:
-        pass
-    finally:
-        sys.setprofile(profiler)
-        sys.settrace(tracer)
-    return steps
+    return python_steps(run, (GatewayError,))
 
 
 def _count_steps(body: bytes) -> int:

@@ -6,7 +6,6 @@ counted (Python lines and calls, C calls too), never timed."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import orjson
@@ -16,6 +15,7 @@ from gateway.api.private_media import MediaRefs
 from gateway.config.media import MediaUrlSettings
 from gateway.config.schema import MAX_MEDIA_WALK_VALUES, LimitSettings
 from gateway.errors import GatewayError
+from tests.helpers.python_calls import python_steps
 
 _HEAD = b'{"model":"m","messages":[{"role":"user","content":'
 
@@ -55,28 +55,7 @@ OBJECTS: dict[str, Callable[[int], bytes]] = {
 def _steps(body: bytes, most: int = MAX_MEDIA_WALK_VALUES) -> int:
     """The Python lines run and functions called (C ones too) by `MediaRefs.of`."""
     doc = orjson.loads(body)
-    steps = 0
-
-    def trace(_frame: object, event: str, _arg: object) -> object:
-        nonlocal steps
-        steps += 1  # a call, then each line and return of the frame it traces
-        return trace
-
-    def profile(_frame: object, event: str, _arg: object) -> None:
-        nonlocal steps
-        steps += event == "c_call"
-
-    tracer, profiler = sys.gettrace(), sys.getprofile()  # a debugger's or coverage's
-    sys.settrace(trace)  # type: ignore[arg-type]
-    sys.setprofile(profile)
-    try:
-        MediaRefs.of(doc, body, most)
-    except GatewayError:
-        pass
-    finally:
-        sys.setprofile(profiler)
-        sys.settrace(tracer)
-    return steps
+    return python_steps(lambda: MediaRefs.of(doc, body, most), (GatewayError,))
 
 
 @pytest.mark.parametrize("shape", STRINGS.values(), ids=STRINGS.keys())

@@ -4,8 +4,6 @@ written as bytes: a dict cannot hold a key twice."""
 
 from __future__ import annotations
 
-import sys
-
 import orjson
 import pytest
 
@@ -13,7 +11,7 @@ from gateway.api.part_keys import refuse_ambiguous_parts
 from gateway.api.private_media import MediaRefs
 from gateway.config.media import MediaUrlSettings
 from gateway.errors import GatewayError
-from tests.helpers.python_calls import by_name, python_calls
+from tests.helpers.python_calls import by_name, python_calls, python_steps
 
 PRIVATE = "http://10.0.0.5/admin"
 PUBLIC = "https://images.example.com/cat.png"
@@ -265,26 +263,7 @@ def test_a_repeat_outside_media_places_is_not_read() -> None:
 
 def _part_keys_steps(body: bytes) -> int:
     """The Python lines run and functions called (C ones too) by `refuse_ambiguous_parts`."""
-    steps = 0
-
-    def trace(_frame: object, _event: str, _arg: object) -> object:
-        nonlocal steps
-        steps += 1
-        return trace
-
-    def profile(_frame: object, event: str, _arg: object) -> None:
-        nonlocal steps
-        steps += event == "c_call"
-
-    tracer, profiler = sys.gettrace(), sys.getprofile()
-    sys.settrace(trace)  # type: ignore[arg-type]
-    sys.setprofile(profile)
-    try:
-        refuse_ambiguous_parts(body)
-    finally:
-        sys.setprofile(profiler)
-        sys.settrace(tracer)
-    return steps
+    return python_steps(lambda: refuse_ambiguous_parts(body))
 
 
 @pytest.mark.parametrize(
