@@ -23,7 +23,11 @@ Within a watched hosted call (gateway/upstream/hosted_transport.py `watched`):
   the names a client's redirects name, for LiteLLM's URL check, `MAX_CLIENT_LOOKUPS` of
   their own, so that they never take the provider's and the credentials' lookups),
   and waited for at most `limits.connect_timeout_s` (`hosted_connect_timeout`, else
-  `FALLBACK_S`): past it, a failed lookup (`EAI_AGAIN`), the thread left to the resolver.
+  `FALLBACK_S`): past it, a failed lookup (`EAI_AGAIN`), the thread left to the resolver;
+- a redirect's host, as LiteLLM's URL check of the hop looks it up, is held to the
+  gateway's address check (`is_public_address`: LiteLLM's own passed NAT64, 6to4, SIIT
+  and site-local IPv6 addresses, literal or resolved) and, when it passes, answered from
+  then on with what it resolved to: the hop's connection goes where the check looked.
 Outside a watched call nothing changes. `HostedResolver` is the aiohttp transport's
 resolver (gateway/upstream/hosted_sockets.py); `install_name_rules` gives LiteLLM's URL
 check and urllib3 (botocore) `bounded_getaddrinfo` in place of `socket.getaddrinfo`.
@@ -39,6 +43,7 @@ from typing import Any, Final
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from gateway.media_hosts import is_public_address
 from gateway.name_lookups import LookupsBusy, Pending, look_up_addresses
 from gateway.upstream.hosted_transport import watched
 from gateway.upstream.sockets import hosted_connect_timeout
@@ -60,6 +65,7 @@ MAX_CLIENT_LOOKUPS: Final = 16
 FALLBACK_S: Final = 10.0
 _MAX_ADDRESSES: Final = 8
 _BUSY: Final = f"{MAX_LOOKUPS} hosted name lookups still running"
+_NOT_PUBLIC: Final = "a media host with a non-public address"
 
 _pending: Pending = {}  # the resolver's, on the event loop
 _running = threading.BoundedSemaphore(MAX_LOOKUPS)  # lookup threads alive: operator names
@@ -125,8 +131,23 @@ def bounded_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _client_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-    """`bounded_getaddrinfo` for the names a client's URLs lead to (`MAX_CLIENT_LOOKUPS`)."""
-    return _bounded(_clients, host, port, *args, **kwargs)
+    """`bounded_getaddrinfo` for the names a client's URLs lead to (`MAX_CLIENT_LOOKUPS`),
+    held to the gateway's check: in a watched call, a name or literal (a redirect's: the
+    check looked at the URL's own host) with a non-public address is refused
+    (`EAI_NONAME`; LiteLLM's `is_global` check passes NAT64, 6to4 and site-local ones),
+    and what a name resolved to is where the hop's connection goes (`Outbound.addresses`)."""
+    found = _bounded(_clients, host, port, *args, **kwargs)
+    outbound = watched()
+    if outbound is None or not isinstance(host, str):
+        return found
+    addresses = [str(info[4][0]) for info in found]
+    if not all(map(is_public_address, addresses)):
+        raise socket.gaierror(socket.EAI_NONAME, f"{_NOT_PUBLIC} (a redirect's host)")
+    key = host.rstrip(".").lower()
+    if key not in outbound.addresses and addresses:
+        # a new dict, not an update: the one it replaces may be shared (`Prepared`'s default)
+        outbound.addresses = {**outbound.addresses, key: addresses}
+    return found
 
 
 def _bounded(
