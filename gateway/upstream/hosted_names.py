@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import ipaddress
 import socket
 import threading
 from typing import Any, Final
@@ -65,7 +66,7 @@ MAX_LOOKUPS: Final = 64
 #: of them, names a client's media URLs redirect to (LiteLLM's URL check), on threads apart
 MAX_CLIENT_LOOKUPS: Final = 16
 #: of those, the most one tenant's calls hold at once (each until its thread returns)
-MAX_CLIENT_LOOKUPS_PER_TENANT: Final = 4
+MAX_CLIENT_LOOKUPS_PER_TENANT: Final = 8
 #: the wait for a lookup where no `limits.connect_timeout_s` was set in this process
 FALLBACK_S: Final = 10.0
 _MAX_ADDRESSES: Final = 8
@@ -85,6 +86,14 @@ def _pinned(host: str) -> list[str] | None:
     outbound = watched()
     addresses = None if outbound is None else outbound.addresses
     return None if not addresses else addresses.get(host.rstrip(".").lower())
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _family(address: str) -> socket.AddressFamily:
@@ -165,8 +174,8 @@ def _bounded(
     places: tuple[threading.BoundedSemaphore, ...], host: Any, port: Any, *args: Any, **kwargs: Any
 ) -> Any:
     """The lookup of `host`, holding one of each of `places` until its thread returns."""
-    if watched() is None or not isinstance(host, str):
-        return socket.getaddrinfo(host, port, *args, **kwargs)
+    if watched() is None or not isinstance(host, str) or _literal(host):
+        return socket.getaddrinfo(host, port, *args, **kwargs)  # a literal: no DNS, no thread
     number = int(port) if isinstance(port, (int, str)) and str(port).isdigit() else 0
     pinned = _pinned(host)
     if pinned is not None:
