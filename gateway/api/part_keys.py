@@ -28,12 +28,15 @@ gateway, the parts to a first-wins reader (Go's gjson) and both to a Go type who
 
 The keys kept are read from a second parse that keeps every pair (`json.loads` with
 `object_pairs_hook=tuple`, called from C: no Python call per object), only for the
-bodies walked; the walk below looks at each object of those places once.
+bodies walked; the walk below looks at each object of those places once, and counts
+each part, object and array it reads one at a time against `limits.max_media_walk_values`
+(an array standing as a part is read here, not by the media walk).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from itertools import chain, compress, repeat
 from operator import itemgetter, ne
 from typing import Any, Final
@@ -50,26 +53,27 @@ _MESSAGE_LISTS: Final = frozenset({"content", "images"})  # a message's parts, i
 _NAME, _VALUE = itemgetter(0), itemgetter(1)
 
 
-def refuse_ambiguous_parts(body: bytes) -> None:
+def refuse_ambiguous_parts(body: bytes, spend: Callable[[int], None]) -> None:
     """Raise 400 `invalid_request` for the first object in a media place of `body` (see
     above) that holds a key twice or in two cases; `body` is a JSON object already parsed
-    (gateway/api/body.py bounded its depth)."""
+    (gateway/api/body.py bounded its depth). Each part, and each object and array inside
+    one, read one at a time is `spend(1)` (the media walk's bound, `MediaWalk.spend`: its
+    400 past it); what is not read (a number where a part stands) is skipped in C."""
     # The collector stays off until the pairs are freed: a collection then would walk
     # each of them (as long as the walk below, for 130,000 parts), for no cycle.
     with no_collection(at_most(body)):
-        _refuse_ambiguous(json.loads(body, object_pairs_hook=tuple))
+        _refuse_ambiguous(json.loads(body, object_pairs_hook=tuple), spend)
 
 
-def _refuse_ambiguous(top: _Pairs) -> None:
+def _refuse_ambiguous(top: _Pairs, spend: Callable[[int], None]) -> None:
     for name, value in top:
         if name == "messages" and isinstance(value, list):
-            for i, message in enumerate(value):
-                if isinstance(message, tuple):
-                    _message(i, message)
+            for i, message in compress(enumerate(value), map(isinstance, value, repeat(tuple))):
+                _message(i, message, spend)
         elif name in _PROMPT_KEYS:
             items = value if isinstance(value, list) else [value]
-            for k, item in enumerate(items):
-                wrong = _nested(item) if isinstance(item, tuple) else None
+            for k, item in compress(enumerate(items), map(isinstance, items, repeat(tuple))):
+                wrong = _nested(item, spend)
                 if wrong is not None:
                     raise _ambiguous(f"{name}[{k}]" if isinstance(value, list) else name, wrong)
 
@@ -93,7 +97,7 @@ def _refuse_repeated(top: _Pairs) -> None:
                     raise _ambiguous(f"messages[{i}]", _TWICE)
 
 
-def _message(i: int, message: _Pairs) -> None:
+def _message(i: int, message: _Pairs, spend: Callable[[int], None]) -> None:
     """A message's own keys (no repeat: a case variant of `content` is walked by the
     media check, both copies), then each of its parts and images. The part's place is
     written only for the error: a body may hold 300,000 parts."""
@@ -106,17 +110,18 @@ def _message(i: int, message: _Pairs) -> None:
             continue  # strings only (`images`): nothing to read one at a time
         if _plain_parts(value):
             continue  # flat objects of distinct lowercase names, told in C
-        for j, part in enumerate(value):
+        for j, part in compress(enumerate(value), map(isinstance, value, repeat(_NESTED))):
+            spend(1)
             if part.__class__ is tuple:  # inline: most parts are one flat object
                 wrong = _wrong_keys(part) if len(part) > 1 else None
                 if wrong is None:
                     for _, item in part:
                         if item and (item.__class__ is tuple or item.__class__ is list):
-                            wrong = _nested(item)
+                            wrong = _nested(item, spend)
                             if wrong is not None:
                                 break
             else:
-                wrong = _nested(part) if part.__class__ is list else None
+                wrong = _nested(part, spend)
             if wrong is not None:
                 raise _ambiguous(f"messages[{i}].{key}[{j}]", wrong)
 
@@ -141,12 +146,13 @@ def _plain_parts(parts: list[Any]) -> bool:
     return not inner or _plain_parts(inner)  # an `image_url` object's, alike
 
 
-def _nested(value: _Pairs | list[Any]) -> str | None:
+def _nested(value: _Pairs | list[Any], spend: Callable[[int], None]) -> str | None:
     """What is wrong with `value` or an object inside it, if anything. Depth is bounded
-    by the body's (gateway/api/body.py `MAX_DEPTH`)."""
+    by the body's (gateway/api/body.py `MAX_DEPTH`); each object and array is `spend(1)`."""
     stack = [value]
     while stack:
         value = stack.pop()
+        spend(1)
         if value.__class__ is tuple and len(value) > 1:
             wrong = _wrong_keys(value)
             if wrong is not None:

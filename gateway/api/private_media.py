@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from itertools import repeat
+from itertools import compress, repeat
 from operator import contains
 from typing import Any, Final
 
@@ -144,7 +144,8 @@ class MediaRefs:
         if walk is None:  # 400 past `most_values`, before anything else walks
             walk = MediaWalk(most_values)
         _references(doc, body, walk)
-        refuse_ambiguous_parts(body)  # a key twice or in two cases: readers disagree
+        # a key twice or in two cases: readers disagree (its own bound: a second read)
+        refuse_ambiguous_parts(body, MediaWalk(most_values).spend)
         hosts: list[tuple[str, str]] = []
         for where, value, url_place in walk.refs:
             if value.startswith("data:"):  # as llama.cpp and SGLang read it: lowercase
@@ -236,13 +237,12 @@ def _references(doc: Mapping[str, Any], body: bytes, walk: MediaWalk) -> None:
     for name in _PROMPT_KEYS:
         value = doc.get(name)
         items = value if isinstance(value, list) else [value]
-        for k, item in enumerate(items):
-            if isinstance(item, dict):
-                where = f"{name}[{k}]" if isinstance(value, list) else name
-                walk.spend(len(item))
-                for key, inner in item.items():
-                    if key not in _PROMPT_TEXT:
-                        walk.strings(f"{where}.{key}", inner, key in _PROMPT_MEDIA, 1)
+        for k, item in compress(enumerate(items), map(isinstance, items, repeat(dict))):
+            where = f"{name}[{k}]" if isinstance(value, list) else name
+            walk.spend(len(item) or 1)  # an empty object is read too
+            for key, inner in item.items():
+                if key not in _PROMPT_TEXT:
+                    walk.strings(f"{where}.{key}", inner, key in _PROMPT_MEDIA, 1)
 
 
 def _holds_objects(value: Any) -> bool:

@@ -160,7 +160,7 @@ class HostedClient:
         if provider_model is None:
             raise ValueError(f"backend {self.backend_id!r} does not serve {upstream_model!r}")
         resolve = partial(self._resolve, tenant)
-        return await prepare_request(
+        prepared = await prepare_request(
             endpoint,
             doc,
             provider_model,
@@ -168,10 +168,11 @@ class HostedClient:
             resolve=resolve,
             support=self._support,
         )
+        return prepared._replace(tenant=tenant)
 
     async def send_prepared(self, prepared: Prepared) -> HostedResponse:
         """Call the provider with a request `prepare` checked."""
-        endpoint, doc, params, provider_model, litellm, addresses = prepared
+        endpoint, doc, params, provider_model, litellm, addresses, tenant = prepared
         # Watched (hosted_transport.py): LiteLLM's failure to translate told from the provider's.
         # A stream's head and first chunk by the first-byte timeout, as a private
         # backend's (`limits.first_byte_timeout_s`): LiteLLM's own `timeout` is each read's,
@@ -182,6 +183,7 @@ class HostedClient:
         by = asyncio.get_running_loop().time() + self._timeout_s if is_stream else None
         with watching(self._max_answer_bytes, self._proxy) as outbound:
             outbound.addresses = addresses  # a media download goes where the check looked
+            outbound.tenant = tenant  # its redirects' lookups: the tenant's part (hosted_names)
             result = await self._call(litellm, endpoint, params, provider_model, outbound, by)
             first = await self._first_chunk(result, outbound, by) if is_stream else None
         if not params.get("stream"):

@@ -21,9 +21,15 @@ Within a watched hosted call (gateway/upstream/hosted_transport.py `watched`):
 - any other name is looked up on a thread of its own, at most one per (name, port) at a
   time and `MAX_LOOKUPS` in all (gateway/name_lookups.py, as private backends' names are;
   the names a client's redirects name, for LiteLLM's URL check, `MAX_CLIENT_LOOKUPS` of
-  their own, so that they never take the provider's and the credentials' lookups),
+  their own, so that they never take the provider's and the credentials' lookups, one
+  tenant's at most `MAX_CLIENT_LOOKUPS_PER_TENANT` of those: names that hang held by one
+  tenant leave the others' redirects theirs),
   and waited for at most `limits.connect_timeout_s` (`hosted_connect_timeout`, else
-  `FALLBACK_S`): past it, a failed lookup (`EAI_AGAIN`), the thread left to the resolver.
+  `FALLBACK_S`): past it, a failed lookup (`EAI_AGAIN`), the thread left to the resolver;
+- a redirect's host, as LiteLLM's URL check of the hop looks it up, is held to the
+  gateway's address check (`is_public_address`: LiteLLM's own passed NAT64, 6to4, SIIT
+  and site-local IPv6 addresses, literal or resolved) and, when it passes, answered from
+  then on with what it resolved to: the hop's connection goes where the check looked.
 Outside a watched call nothing changes. `HostedResolver` is the aiohttp transport's
 resolver (gateway/upstream/hosted_sockets.py); `install_name_rules` gives LiteLLM's URL
 check and urllib3 (botocore) `bounded_getaddrinfo` in place of `socket.getaddrinfo`.
@@ -33,12 +39,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib
+import ipaddress
 import socket
 import threading
 from typing import Any, Final
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from gateway.media_hosts import is_public_address
 from gateway.name_lookups import LookupsBusy, Pending, look_up_addresses
 from gateway.upstream.hosted_transport import watched
 from gateway.upstream.sockets import hosted_connect_timeout
@@ -46,6 +54,7 @@ from gateway.upstream.sockets import hosted_connect_timeout
 __all__ = [
     "FALLBACK_S",
     "MAX_CLIENT_LOOKUPS",
+    "MAX_CLIENT_LOOKUPS_PER_TENANT",
     "MAX_LOOKUPS",
     "HostedResolver",
     "bounded_getaddrinfo",
@@ -56,14 +65,18 @@ __all__ = [
 MAX_LOOKUPS: Final = 64
 #: of them, names a client's media URLs redirect to (LiteLLM's URL check), on threads apart
 MAX_CLIENT_LOOKUPS: Final = 16
+#: of those, the most one tenant's calls hold at once (each until its thread returns)
+MAX_CLIENT_LOOKUPS_PER_TENANT: Final = 8
 #: the wait for a lookup where no `limits.connect_timeout_s` was set in this process
 FALLBACK_S: Final = 10.0
 _MAX_ADDRESSES: Final = 8
 _BUSY: Final = f"{MAX_LOOKUPS} hosted name lookups still running"
+_NOT_PUBLIC: Final = "a media host with a non-public address"
 
 _pending: Pending = {}  # the resolver's, on the event loop
 _running = threading.BoundedSemaphore(MAX_LOOKUPS)  # lookup threads alive: operator names
 _clients = threading.BoundedSemaphore(MAX_CLIENT_LOOKUPS)  # ... and a client's redirects
+_tenants: dict[str, threading.BoundedSemaphore] = {}  # each tenant's part of `_clients`
 _lock = threading.Lock()
 _waiting: dict[tuple[str, int], concurrent.futures.Future[Any]] = {}  # the sync lookups'
 
@@ -73,6 +86,14 @@ def _pinned(host: str) -> list[str] | None:
     outbound = watched()
     addresses = None if outbound is None else outbound.addresses
     return None if not addresses else addresses.get(host.rstrip(".").lower())
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _family(address: str) -> socket.AddressFamily:
@@ -121,19 +142,40 @@ class HostedResolver(AbstractResolver):
 
 def bounded_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
     """`socket.getaddrinfo`, but within a watched hosted call as the module says."""
-    return _bounded(_running, host, port, *args, **kwargs)
+    return _bounded((_running,), host, port, *args, **kwargs)
 
 
 def _client_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
-    """`bounded_getaddrinfo` for the names a client's URLs lead to (`MAX_CLIENT_LOOKUPS`)."""
-    return _bounded(_clients, host, port, *args, **kwargs)
+    """`bounded_getaddrinfo` for the names a client's URLs lead to (`MAX_CLIENT_LOOKUPS`),
+    held to the gateway's check: in a watched call, a name or literal (a redirect's: the
+    check looked at the URL's own host) with a non-public address is refused
+    (`EAI_NONAME`; LiteLLM's `is_global` check passes NAT64, 6to4 and site-local ones),
+    and what a name resolved to is where the hop's connection goes (`Outbound.addresses`)."""
+    outbound = watched()
+    tenant = "" if outbound is None else outbound.tenant
+    with _lock:
+        place = _tenants.get(tenant)
+        if place is None:
+            place = _tenants[tenant] = threading.BoundedSemaphore(MAX_CLIENT_LOOKUPS_PER_TENANT)
+    found = _bounded((place, _clients), host, port, *args, **kwargs)
+    if outbound is None or not isinstance(host, str):
+        return found
+    addresses = [str(info[4][0]) for info in found]
+    if not all(map(is_public_address, addresses)):
+        raise socket.gaierror(socket.EAI_NONAME, f"{_NOT_PUBLIC} (a redirect's host)")
+    key = host.rstrip(".").lower()
+    if key not in outbound.addresses and addresses:
+        # a new dict, not an update: the one it replaces may be shared (`Prepared`'s default)
+        outbound.addresses = {**outbound.addresses, key: addresses}
+    return found
 
 
 def _bounded(
-    running: threading.BoundedSemaphore, host: Any, port: Any, *args: Any, **kwargs: Any
+    places: tuple[threading.BoundedSemaphore, ...], host: Any, port: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    if watched() is None or not isinstance(host, str):
-        return socket.getaddrinfo(host, port, *args, **kwargs)
+    """The lookup of `host`, holding one of each of `places` until its thread returns."""
+    if watched() is None or not isinstance(host, str) or _literal(host):
+        return socket.getaddrinfo(host, port, *args, **kwargs)  # a literal: no DNS, no thread
     number = int(port) if isinstance(port, (int, str)) and str(port).isdigit() else 0
     pinned = _pinned(host)
     if pinned is not None:
@@ -143,12 +185,15 @@ def _bounded(
     with _lock:
         lookup = _waiting.get(key)
         if lookup is None:
-            if not running.acquire(blocking=False):
+            held = [place for place in places if place.acquire(blocking=False)]
+            if len(held) < len(places):
+                for place in held:
+                    place.release()
                 raise socket.gaierror(socket.EAI_AGAIN, _BUSY)
             lookup = _waiting[key] = concurrent.futures.Future()
             started = threading.Thread(
                 target=_look_up,
-                args=(lookup, key, (host, port, *args), kwargs, running),
+                args=(lookup, key, (host, port, *args), kwargs, places),
                 name="owngate-hosted-dns",
                 daemon=True,
             )
@@ -156,7 +201,8 @@ def _bounded(
                 started.start()
             except BaseException:
                 del _waiting[key]
-                running.release()
+                for place in places:
+                    place.release()
                 raise
     try:
         return lookup.result(timeout=_bound_s())
@@ -171,7 +217,7 @@ def _look_up(
     key: tuple[str, int],
     call: tuple[Any, ...],
     kwargs: dict[str, Any],
-    running: threading.BoundedSemaphore,
+    places: tuple[threading.BoundedSemaphore, ...],
 ) -> None:
     try:
         try:
@@ -182,7 +228,8 @@ def _look_up(
         with _lock:
             if _waiting.get(key) is lookup:
                 del _waiting[key]
-        running.release()
+        for place in places:
+            place.release()
 
 
 class _Socket:

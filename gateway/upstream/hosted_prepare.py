@@ -53,6 +53,7 @@ class Prepared(NamedTuple):
     litellm: ModuleType  # loaded: sending cannot fail to load it
     # each media host the check looked up: the addresses a download is sent to
     addresses: dict[str, list[str]] = {}  # noqa: RUF012 - a NamedTuple's default, never changed
+    tenant: str = ""  # whose request: its part of a download's lookups (hosted_names.py)
 
 
 async def prepare_request(

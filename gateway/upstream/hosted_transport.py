@@ -109,7 +109,8 @@ class Outbound:
     cancelled): a sync read in LiteLLM's worker thread, which no cancellation reaches,
     stops at its next read (gateway/upstream/hosted_bound.py); `answer`, the body of the
     last whole 2xx answer read within `max_bytes` (gateway/upstream/hosted_finish.py);
-    `addresses`, the media hosts its check looked up (gateway/upstream/hosted_names.py)."""
+    `addresses`, the media hosts its check looked up, and `tenant`, whose call it is
+    (gateway/upstream/hosted_names.py)."""
 
     __slots__ = (
         "addresses",
@@ -120,6 +121,7 @@ class Outbound:
         "on_head",
         "proxy",
         "reached",
+        "tenant",
     )
 
     def __init__(self, max_bytes: int | None = None, proxy: str | None = None) -> None:
@@ -131,6 +133,7 @@ class Outbound:
         self.answer: bytes | None = None
         # the media hosts the request's check looked up, and what it found (hosted_names.py)
         self.addresses: dict[str, list[str]] = {}
+        self.tenant = ""  # whose call: its part of the client lookups (hosted_names.py)
 
 
 # The call being watched in this context (tasks LiteLLM starts inherit it).

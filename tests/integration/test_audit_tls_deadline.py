@@ -18,6 +18,7 @@ import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,12 +116,29 @@ def test_a_log_server_dripping_an_https_head_is_cut_off_at_the_deadline(
 def test_a_watch_that_cannot_hold_the_socket_closes_it(
     silent: SilentServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Out of descriptors, the watch's duplicate of a new connection's socket fails: the
-    # copy fails, and the connection is closed then, not held by the error's traceback.
+    # Out of descriptors, the watch's duplicate of a new socket fails: the copy fails, and
+    # the socket is closed then, never connected (the watch holds it before its connect),
+    # not held by the error's traceback.
     def no_duplicate(self: socket.socket) -> socket.socket:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(socket.socket, "dup", no_duplicate)
-    raised = _copy(f"http://127.0.0.1:{silent.port}/log/", tmp_path / "copy")
+    made: list[socket.socket] = []
+    connected: list[Any] = []
+    real_socket, real_connect = socket.socket.__init__, socket.socket.connect
+
+    def made_here(self: socket.socket, *args: Any, **kwargs: Any) -> None:
+        real_socket(self, *args, **kwargs)
+        made.append(self)
+
+    def connect(self: socket.socket, peer: Any) -> None:
+        connected.append(peer)
+        real_connect(self, peer)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(socket.socket, "dup", no_duplicate)
+        patched.setattr(socket.socket, "__init__", made_here)
+        patched.setattr(socket.socket, "connect", connect)
+        raised = _copy(f"http://127.0.0.1:{silent.port}/log/", tmp_path / "copy")
     assert len(raised) == 1 and "Too many open files" in str(raised[0]), raised
-    assert silent.closed.acquire(timeout=WAIT_S)  # while `raised` still holds the error
+    assert connected == []
+    assert made and all(sock.fileno() == -1 for sock in made)  # closed

@@ -74,3 +74,51 @@ def test_a_log_server_name_whose_lookup_hangs_is_given_up_at_the_deadline(
     assert not hung.release.is_set()  # the lookup itself still hangs: it was given up
     assert len(raised) == 1 and isinstance(raised[0], OSError), raised
     assert f"not received whole within {DEADLINE_S:g} s" in str(raised[0])
+
+
+@pytest.fixture
+def unanswered(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The log's name resolving to several addresses whose connects hang: a listener whose
+    accept queue is full (one connection queued, never accepted), so the kernel drops
+    every further SYN and a connect waits for its timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))  # the queue's one place
+    real = socket.getaddrinfo
+
+    def resolve(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != "log.owngate-test.invalid":
+            return real(host, *args, **kwargs)
+        peer = ("127.0.0.1", port)
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", peer)] * 4
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    yield
+    filler.close()
+    listener.close()
+
+
+def test_a_log_server_whose_addresses_never_answer_a_connect_is_given_up_at_the_deadline(
+    unanswered: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, each address's connect took the read timeout (here 120 s), unwatched: the
+    socket was held only once connected."""
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    raised: list[BaseException] = []
+    limits = FetchLimits(read_timeout_s=WAIT_S * 2, file_deadline_s=DEADLINE_S)
+
+    def run() -> None:
+        try:
+            mirror_log("http://log.owngate-test.invalid/log/", tmp_path, limits=limits)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised.append(exc)
+
+    copying = threading.Thread(target=run, daemon=True)
+    copying.start()
+    copying.join(WAIT_S)
+    assert not copying.is_alive(), "the copy waited on a connect past the deadline"
+    assert len(raised) == 1 and isinstance(raised[0], OSError), raised
+    assert f"not received whole within {DEADLINE_S:g} s" in str(raised[0])

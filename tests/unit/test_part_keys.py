@@ -7,9 +7,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from gateway.api.media_walk import MediaWalk
 from gateway.api.part_keys import refuse_ambiguous_parts
 from gateway.api.private_media import MediaRefs
 from gateway.config.media import MediaUrlSettings
+from gateway.config.schema import MAX_MEDIA_WALK_VALUES
 from gateway.errors import GatewayError
 from tests.helpers.python_calls import by_name, python_calls, python_steps
 
@@ -261,9 +263,14 @@ def test_a_repeat_outside_media_places_is_not_read() -> None:
     assert refs is None or refs.refusal(MediaUrlSettings()) is None
 
 
+def _refuse(body: bytes) -> None:
+    """`refuse_ambiguous_parts` within the default media walk bound."""
+    refuse_ambiguous_parts(body, MediaWalk(MAX_MEDIA_WALK_VALUES).spend)
+
+
 def _part_keys_steps(body: bytes) -> int:
     """The Python lines run and functions called (C ones too) by `refuse_ambiguous_parts`."""
-    return python_steps(lambda: refuse_ambiguous_parts(body))
+    return python_steps(lambda: _refuse(body))
 
 
 @pytest.mark.parametrize(
@@ -281,9 +288,9 @@ def test_parts_of_distinct_lowercase_keys_cost_no_python_step_each(part: str) ->
     # a key twice, or in two cases, behind them is still found, and named by its place
     for wrong in ('{"type": "text", "x": "a", "x": "b"}', '{"type": "image_url", "TYPE": "x"}'):
         with pytest.raises(GatewayError) as caught:
-            refuse_ambiguous_parts(chat(*[part] * 1000, wrong))
+            _refuse(chat(*[part] * 1000, wrong))
         assert caught.value.param == "messages[0].content[1000]"
     nested = '{"type": "image_url", "image_url": {"url": "data:a", "url": "http://10.0.0.5/"}}'
     with pytest.raises(GatewayError) as caught:
-        refuse_ambiguous_parts(chat(*[part] * 1000, nested))
+        _refuse(chat(*[part] * 1000, nested))
     assert caught.value.param == "messages[0].content[1000]"

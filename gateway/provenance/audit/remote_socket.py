@@ -10,7 +10,9 @@ resolver's own timeouts, past `--file-deadline` and `--copy-deadline`, however s
 were set (a resolver that never answers: for ever). Here the name is looked up on a daemon
 thread of its own, which the watch's deadline stops waiting for (the thread is left to the
 resolver: it holds nothing of the copy, and the process may exit without it), and each of
-its addresses is connected (its socket held by the watch from then on).
+its addresses is connected, its socket held by the watch from before its connect (a
+connect to an address that drops SYNs is woken at the deadline too: before, each address
+took up to the read timeout, however many the name had, past every deadline).
 """
 
 from __future__ import annotations
@@ -96,21 +98,29 @@ class Watch:
         for family, kind, proto, _name, peer in self.look_up(host, port):
             sock = socket.socket(family, kind, proto)
             try:
+                # held before it connects: the deadline's shutdown wakes a connect that
+                # hangs (an address that drops SYNs), each address tried within the deadline
+                self.attach(sock)
+            except BaseException:  # its duplicate failed (EMFILE): closed, never connected
+                sock.close()
+                raise
+            try:
+                if self.expired:
+                    raise OSError(f"{host}: past the deadline before it was connected")
                 if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:  # type: ignore[attr-defined]
                     sock.settimeout(timeout)
                 if source is not None:
                     sock.bind(source)
                 sock.connect(peer)
             except OSError as exc:
+                self.release()
                 sock.close()
+                if self.expired:
+                    raise
                 failure = exc
                 continue
             except BaseException:
-                sock.close()
-                raise
-            try:
-                self.attach(sock)
-            except BaseException:  # its duplicate failed (EMFILE): closed, not left to the error
+                self.release()
                 sock.close()
                 raise
             return sock
