@@ -27,14 +27,9 @@ from gateway.tenants import hash_api_key
 from tests.helpers.gateways import Sim, backend
 from tests.helpers.net import free_port
 from tests.helpers.processes import KEY, GatewayProcess, worker_pids
+from tests.helpers.reload_files import LABEL_SET
 from tests.helpers.waiting import until
 
-SET = """\
-apiVersion: policy.owngate.dev/v1
-kind: PolicySet
-metadata: {id: s, version: "1"}
-spec: {data_class_header: HEADER}
-"""
 POLICY = """\
 apiVersion: policy.owngate.dev/v1
 kind: Policy
@@ -55,7 +50,7 @@ ROUND = 16  # requests on new connections: both workers take some, whatever the 
 
 def write_set(policies: Path, header: str) -> None:
     temporary = policies / "set.tmp"
-    temporary.write_text(SET.replace("HEADER", header))
+    temporary.write_text(LABEL_SET.replace("HEADER", header))
     temporary.replace(policies / "set.yaml")  # atomic, as a deploy tool writes it
 
 

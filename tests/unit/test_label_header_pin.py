@@ -18,33 +18,14 @@ from gateway.policy_set import TrustPolicies
 from gateway.state.memory import WORKERS_ENV
 from gateway.worker_identity import INDEX_ENV, RUNTIME_ENV
 from tests.helpers.gateways import backend, gateway_config
-from tests.helpers.reload_files import POLICY_SECTION, write
-
-SET = """\
-apiVersion: policy.owngate.dev/v1
-kind: PolicySet
-metadata: {id: s, version: "1"}
-spec: {data_class_header: HEADER}
-"""
-POLICY = """\
-apiVersion: policy.owngate.dev/v1
-kind: Policy
-metadata: {id: p, version: "1"}
-spec:
-  tenants: [acme]
-  residency: {allow: ["*"]}
-  retention: {max_days: any, training: true}
-  fallback: {mode: never}
-  data_classes:
-    phi: {backends: {deny: ["*"]}}
-"""
+from tests.helpers.reload_files import LABEL_SET, PHI_DENIED, POLICY_SECTION, write
 
 
 def _files(tmp_path: Path, header: str) -> Path:
     policies = tmp_path / "policies"
     policies.mkdir(exist_ok=True)
-    write(policies / "set.yaml", SET.replace("HEADER", header), 1_000_000_000)
-    write(policies / "p.yaml", POLICY, 1_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", header), 1_000_000_000)
+    write(policies / "p.yaml", PHI_DENIED, 1_000_000_000)
     return policies
 
 
@@ -64,7 +45,7 @@ def test_the_first_worker_pins_the_header_and_a_later_one_naming_another_serves_
     )
     first = TrustPolicies(config, tmp_path, pin=HeaderPin(run))
     assert not first.stale and (run / PIN_FILE).read_text() == "x-sensitivity"
-    write(policies / "set.yaml", SET.replace("HEADER", "x-data-class"), 2_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-data-class"), 2_000_000_000)
     _settle(first)
     assert first.current.data_class_header == "x-sensitivity"  # refused, as in one process
 
@@ -74,11 +55,11 @@ def test_the_first_worker_pins_the_header_and_a_later_one_naming_another_serves_
     assert "'x-sensitivity'" in restarted.last_error
     assert restarted.status()["last_reload_error"] == restarted.last_error
     assert (run / PIN_FILE).read_text() == "x-sensitivity"  # never moved by a later worker
-    write(policies / "p.yaml", POLICY.replace('"1"', '"2"'), 3_000_000_000)
+    write(policies / "p.yaml", PHI_DENIED.replace('"1"', '"2"'), 3_000_000_000)
     _settle(restarted)  # another edit, still the other header: still refused
     assert restarted.stale and restarted.current.compiled("p").version == "1"
 
-    write(policies / "set.yaml", SET.replace("HEADER", "x-sensitivity"), 4_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-sensitivity"), 4_000_000_000)
     _settle(restarted)
     assert not restarted.stale and restarted.last_error is None
     assert restarted.current.data_class_header == "x-sensitivity"
@@ -110,7 +91,7 @@ def test_a_gateway_yaml_reload_back_to_the_pinned_header_serves_again(tmp_path: 
     write(path, yaml.safe_dump(data) + POLICY_SECTION, 2_000_000_000)
     assert not asyncio.run(reloader.reload())
     assert app.policies.stale
-    write(policies / "set.yaml", SET.replace("HEADER", "x-sensitivity"), 3_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-sensitivity"), 3_000_000_000)
     assert asyncio.run(reloader.reload()), reloader.last_error
     assert not app.policies.stale
     assert app.policies.latest().data_class_header == "x-sensitivity"

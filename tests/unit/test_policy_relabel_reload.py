@@ -22,14 +22,8 @@ from gateway.app import create_app
 from gateway.config import load_config
 from gateway.policy_set import TrustPolicies
 from tests.helpers.gateways import backend, gateway_config
-from tests.helpers.reload_files import POLICY_SECTION, write
+from tests.helpers.reload_files import LABEL_SET, POLICY_SECTION, write
 
-SET = """\
-apiVersion: policy.owngate.dev/v1
-kind: PolicySet
-metadata: {id: s, version: "1"}
-spec: {data_class_header: HEADER}
-"""
 POLICY = """\
 apiVersion: policy.owngate.dev/v1
 kind: Policy
@@ -49,7 +43,7 @@ spec:
 def _files(tmp_path: Path) -> Path:
     policies = tmp_path / "policies"
     policies.mkdir()
-    write(policies / "set.yaml", SET.replace("HEADER", "x-sensitivity"), 1_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-sensitivity"), 1_000_000_000)
     write(policies / "p.yaml", POLICY.replace("VERSION", "1"), 1_000_000_000)
     return policies
 
@@ -85,13 +79,13 @@ def test_removing_the_policy_set_never_changes_the_label_header(tmp_path: Path) 
 
 def test_editing_the_label_header_is_refused_until_a_restart(tmp_path: Path) -> None:
     trust, policies = _trust(tmp_path)
-    write(policies / "set.yaml", SET.replace("HEADER", "x-data-class"), 2_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-data-class"), 2_000_000_000)
     write(policies / "p.yaml", POLICY.replace("VERSION", "2"), 2_000_000_000)
     _settle(trust)
     assert trust.current.data_class_header == "x-sensitivity"
     assert trust.current.compiled("p").version == "1"  # the whole reload refused
     # The same header again: the next change loads
-    write(policies / "set.yaml", SET.replace("HEADER", "x-sensitivity"), 3_000_000_000)
+    write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-sensitivity"), 3_000_000_000)
     _settle(trust)
     assert trust.current.compiled("p").version == "2"
     assert trust.last_error is None
@@ -164,7 +158,7 @@ def test_a_set_read_cut_short_at_start_takes_the_header_read_whole(
 
     def read_then_written(*args: Any, **kwargs: Any) -> Any:
         read = real(*args, **kwargs)
-        write(policies / "set.yaml", SET.replace("HEADER", "x-sensitivity"), 2_000_000_000)
+        write(policies / "set.yaml", LABEL_SET.replace("HEADER", "x-sensitivity"), 2_000_000_000)
         return read
 
     monkeypatch.setattr(gateway.policy_set, "load_policies", read_then_written)
