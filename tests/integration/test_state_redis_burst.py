@@ -168,3 +168,38 @@ def test_local_admissions_reach_redis_once_it_answers(redis_server: RedisServer)
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_local_reservation_reaches_redis_once_it_answers(redis_server: RedisServer) -> None:
+    """Tokens alike: a reservation a made on its share while Redis did not answer is in
+    Redis's budget once a turns healthy, so b's reservation that would take the budget
+    past its limit is refused."""
+    limits = TenantLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        a, b = state(redis_server, "a", 0.2), state(redis_server, "b", 5.0)
+        assert redis_server.process is not None
+        pid = redis_server.process.pid
+        try:
+            await both_see_two(a, b)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                on_a = await a.acquire("acme", limits)  # times out: decided locally
+                await on_a.reserve(500)  # its share, on its ledger
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert (on_a.shared, on_a.reserved, on_a.reserved_shared) == (False, 500, 0)
+            await until_async(lambda: a.healthy and b.healthy, "healthy again", timeout=WAIT_S)
+            on_b = await b.acquire("acme", limits)
+            assert on_b.shared
+            with pytest.raises(RateLimited) as refused:
+                await on_b.reserve(600)  # 500 + 600 of 1000
+            assert refused.value.limit == "tokens_per_minute"
+            await on_b.reserve(400)  # what is left (the reservation refused took none)
+            assert on_b.reserved_shared == 400
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
