@@ -43,10 +43,12 @@ class BudgetRestore:
 
     async def restore(
         self, keys: list[str], backlogs: list[int], *, batch: int, leased: bool
-    ) -> None:
+    ) -> bool:
         """Put back `backlogs` (microseconds ahead, one per rate key in `keys`, as the
         ledger read them just now) if the lease is gone, `batch` keys a call. `leased`:
-        a HEARTBEAT has given this replica a lease (a first restore is not counted)."""
+        a HEARTBEAT has given this replica a lease (a first restore is not counted).
+        True when it added them (the lease was gone and Redis lost its data, or this
+        replica never saw it); after a stall it only raised each budget to its own."""
         taken_at = self._clock()
         if self._pending is None:
             self._pending = _RestoreRun(self.epoch)
@@ -82,7 +84,7 @@ class BudgetRestore:
             code, epoch = reply[0], text(reply[1])
             if code == 0:  # the lease is live: nothing to put back
                 self._pending, self.epoch = None, epoch
-                return
+                return False
             if code == 3:  # Redis lost its data again meanwhile: all of it goes back
                 run.epoch, run.next = "", 0
                 continue
@@ -91,6 +93,10 @@ class BudgetRestore:
             if run.next >= len(run.keys):
                 break
         self._pending, self.epoch = None, run.epoch
+        self._put_back(run, leased)
+        return run.seen != run.epoch  # as lua.RESTORE decides whether it adds
+
+    def _put_back(self, run: _RestoreRun, leased: bool) -> None:
         if run.lost or leased:
             self.restores += 1
         if run.lost:

@@ -42,9 +42,11 @@ from gateway.state.redis_keys import (
     text,
 )
 from gateway.state.redis_limits import RedisLimits
+from gateway.state.redis_replay import UnsharedCharges
 from gateway.state.redis_restore import BudgetRestore
 from gateway.state.redis_revocations import RevokedKeys
 from gateway.state.redis_slots import HeldSlots
+from gateway.state.redis_turns import TURN_WAIT_S
 from gateway.state.revocation_keeper import KeptRevocations
 from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits, TenantUse
 
@@ -69,6 +71,7 @@ class RedisState:
         clock: Callable[[], float] = time.monotonic,
         workers: int = 1,
         kept: KeptRevocations | None = None,
+        turn_wait_s: float = TURN_WAIT_S,
     ) -> None:
         replica = replica_id or default_replica_id()
         if not _NAME.match(replica) or "|" in replica:
@@ -94,16 +97,19 @@ class RedisState:
         # reached Redis (down at start) splits each limit over them, not only itself.
         self._workers = max(1, workers)
         self._health.replicas = self._workers
+        self._unshared = UnsharedCharges(self._sync_client, clock)  # sent by the sync
         self._limits = RedisLimits(
             self._client,
             self._keys,
             self._health,
             self._ledger,
             self._slots,
+            self._unshared,
             replica_id=replica,
             timeout_s=timeout_s,
             ttl_ms=self._ttl_ms,
             max_connections=max_connections,
+            turn_wait_s=turn_wait_s,
         )
         self._inflight: dict[str, int] = {}  # this replica's, exact
         self._others: dict[str, int] = {}  # the other live replicas', as of the last sync
@@ -332,14 +338,17 @@ class RedisState:
         self._set_others({text(reply[i]): int(reply[i + 1]) for i in range(4, len(reply), 2)})
         # What it learns is noted for this host's list by `_sync`, the sync failing or not.
         await self._revocations.sync(int(reply[2]), int(reply[3]), reread=reply[0] == 1)
+        await self._unshared.send()  # before it turns healthy: what it decided locally
 
     async def _restore(self) -> None:
         """Before a resync renews the lease: put back the budget use this replica's
         ledger holds if the lease is gone (redis_restore.py)."""
+        unshared = self._unshared.backlogs()  # a restore that adds puts them back too
         keys, backlogs = self._limits.backlogs()
-        await self._restore_run.restore(
+        if await self._restore_run.restore(
             keys, backlogs, batch=self.restore_batch, leased=self._leased
-        )
+        ):
+            self._unshared.given(unshared)
 
     async def _beat(self, *, resync: bool) -> list[Any]:
         """One HEARTBEAT: the lease, this replica's in-flight counts, and with `resync`

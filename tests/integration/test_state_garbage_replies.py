@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from gateway.state import RateLimited, TenantLimits, create_state, lua
+from gateway.state.redis_replay import CHARGE
 from gateway.state.redis_revocations import READ
 from gateway.state.redis_state import RedisState
 
@@ -33,12 +34,14 @@ def _array(*items: int | bytes) -> bytes:
 
 
 # A healthy-looking HEARTBEAT (resync done, one live replica, no revocations), the
-# revoked set's read (empty) and RESTORE (lease live), so the replica believes Redis
-# works; the request-path scripts get the garbage under test.
+# revoked set's read (empty), RESTORE (lease live) and CHARGE (the one rate key a local
+# decision of these tests charged), so the replica believes Redis works; the
+# request-path scripts get the garbage under test.
 _SYNC = {
     _sha(lua.HEARTBEAT): _array(1, 1, 0, 0),
     _sha(READ): _array(0),
     _sha(lua.RESTORE): _array(0, b"e"),
+    _sha(CHARGE): _array(1),
 }
 GARBAGE = {
     "simple-string": b"+OK\r\n",

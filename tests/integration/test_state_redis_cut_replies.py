@@ -264,7 +264,7 @@ def test_an_admission_call_failing_unforeseen_leaves_nothing_counted(
         async with behind_proxy(redis_server, timeout_s=5.0) as (a, proxy):
             calls = 0
 
-            async def unforeseen(*_args: object) -> object:
+            async def unforeseen(*_args: object, **_kwargs: object) -> object:
                 nonlocal calls
                 calls += 1
                 raise _Unforeseen("no class the admission expects")

@@ -1,7 +1,7 @@
 """The Redis ACL docs/state.md gives owngate's user ("Who else may use the Redis") allows
 every command owngate runs on Redis and nothing more: the commands of every script in
-gateway/state/lua.py and redis_revocations.py, and what redis-py sends itself. A script
-that starts running a command the rule lacks fails here, before a deployment that
+gateway/state/lua.py, redis_revocations.py and redis_replay.py, and what redis-py sends
+itself. A script that starts running a command the rule lacks fails here, before a deployment that
 followed the docs finds its replicas degraded (`NoPermissionError`)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import re
 
 from gateway.state import lua
 from gateway.state.redis_keys import RedisKeys
+from gateway.state.redis_replay import CHARGE
 from gateway.state.redis_revocations import READ
 from tests.helpers.paths import REPO_ROOT
 
@@ -27,7 +28,8 @@ def documented_rule() -> list[str]:
 
 
 def scripts_commands() -> set[str]:
-    scripts = [getattr(lua, name) for name in lua.__all__ if name != "RESTORE_BATCH"] + [READ]
+    scripts = [getattr(lua, name) for name in lua.__all__ if name != "RESTORE_BATCH"]
+    scripts += [READ, CHARGE]
     assert all(isinstance(script, str) for script in scripts)
     called = {c.lower() for script in scripts for c in re.findall(r"redis\.call\('(\w+)'", script)}
     # every call names its command as a literal: a computed one would escape this check
