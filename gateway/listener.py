@@ -84,6 +84,7 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from gateway.body_writer import (
     BODY_WRITER_SCOPE_KEY,
     BodyWriter,
+    after_earlier_answers,
     client_lost,
     mark_lost,
 )
@@ -165,7 +166,8 @@ class LimitedHttpProtocol(RefusingProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self.answering = cycle
-        super()._start_asgi_task(cycle, app)
+        # Not answered into the write buffer before an earlier answer's tail was taken.
+        super()._start_asgi_task(cycle, after_earlier_answers(app, self.transport, self.loss))
 
     def pause_writing(self) -> None:
         super().pause_writing()
