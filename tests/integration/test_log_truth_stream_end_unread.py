@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from gateway import body_writer
 from gateway.api import passthrough, stream_relay, stream_writes
 from tests.helpers.audit_rig import chunked, logged, request_log, settled, writes
 from tests.helpers.gateways import Gateway, backend
@@ -170,28 +171,36 @@ def test_a_stream_the_client_took_whole_is_recorded_whole_behind_a_later_unread_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two streams pipelined on one connection; the first one's end goes to the
-    connection's write buffer, then the client reads that first answer to its last chunk
+    connection's write buffer, the second request comes to its wait (before the first
+    one's tail was taken, whatever the timing: a read of it now would race the second
+    answer's writes), then the client reads that first answer to its last chunk
     (its `[DONE]` and receipt line too) and reads nothing of the second, which backs up
     in the same write buffer, and resets. The first client got its stream whole: 200.
     Before, the first stream's wait for its end to be taken waited for the connection's
     whole write buffer to empty, the second answer's bytes in it too, and the reset made
     the first stream 499 (the log saying its client never got the end it read)."""
     seen = EndSeen(monkeypatch)
-    handed: list[int] = []
-    second = threading.Event()
-    ending = passthrough.end_stream
+    ending, taken = passthrough.end_stream, body_writer.BodyWriter.taken
+    waiting: list[object] = []  # the writers whose requests waited for their bytes taken
+    first_writer: list[Any] = []
+    connection: list[Any] = []  # the connection's transport (its write buffer)
 
     async def counting(send: Any, exchange: Any, **kwargs: Any) -> None:
         async def sending(message: Any) -> None:
             await send(message)
             if not message.get("more_body"):
-                handed.append(exchange.writer.unsent)
-                if len(handed) == 2:
-                    second.set()
+                first_writer.append(exchange.writer)
+                transport = exchange.writer.cycle_ref().transport
+                connection.append(getattr(transport, "_transport", transport))
 
         await ending(sending, exchange, **kwargs)
 
+    async def awaited(writer: Any) -> bool:
+        waiting.append(writer)
+        return await taken(writer)
+
     monkeypatch.setattr(passthrough, "end_stream", counting)
+    monkeypatch.setattr(body_writer.BodyWriter, "taken", awaited)
     raw = start_raw(writes(*chunked(EVENT, *[BIG] * EVENTS, DONE)))
     gateway, vkey = logged(start_gateway, tmp_path, [backend("gpu", raw.url, "m")])
     sock, head = stalled_chat(gateway.server.port, gateway.key, json.dumps(CHAT).encode())
@@ -200,10 +209,23 @@ def test_a_stream_the_client_took_whole_is_recorded_whole_behind_a_later_unread_
         sock.sendall(_chat(gateway.key))  # pipelined: answered once the first one ended
         assert seen.handed.wait(60), "the gateway never ended the first stream"
         assert seen.unsent[0] > 0, "the kernel took the stream's end: no write buffer to test"
+        # The second request's answer in the write buffer behind the first one's tail,
+        # or (now) the second request waiting to answer until that tail is taken.
+        until(
+            lambda: (
+                first_writer[0].unsent > seen.unsent[0]
+                or any(w is not first_writer[0] for w in waiting)
+            ),
+            "the second request answering or waiting",
+            timeout=30,
+        )
         first = _read_answer(sock, head)  # all of it: the client has the whole stream
         assert DONE in first and first.endswith(b"\r\n0\r\n\r\n"), first[-300:]
-        assert second.wait(60), "the gateway never ended the second stream"
-        assert handed[1] > 0, "the kernel took the second stream's end: nothing backs up"
+        until(  # the second request answering, into the buffer the client no longer reads
+            lambda: len(raw.posts) == 2 and connection[0].get_write_buffer_size() > 0,
+            "the second answer backed up",
+            timeout=30,
+        )
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     finally:
         sock.close()  # a reset: what the write buffer held (the second answer's) is dropped
