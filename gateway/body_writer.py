@@ -371,9 +371,10 @@ def after_earlier_answers(app: Any, transport: Any, loss: ConnectionLoss) -> Any
 
     async def answer(scope: Scope, receive: Any, send: Any) -> None:
         writer = body_writer(scope)
-        if writer is not None:  # the wait ends at the write timeout's drop at the latest
-            await writer.taken()
-        await app(scope, receive, send)
+        # The wait ends at the write timeout's drop at the latest. A connection lost
+        # first: the request is dropped unanswered, as uvicorn drops one still queued.
+        if writer is None or await writer.taken():
+            await app(scope, receive, send)
 
     return answer
 
