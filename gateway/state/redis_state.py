@@ -181,11 +181,12 @@ class RedisState:
         tenants = self._slots.tenants()
         try:
             async with asyncio.timeout(self._sync_timeout_s):
+                await self._unshared.send()  # decided here since the last sync (a release cut)
                 await self._leave_script(
                     keys=[keys.leases, keys.inflight, *_per_tenant(keys, tenants)],
                     args=[self.replica_id],
                 )
-        except FAILURES as exc:
+        except (*FAILURES, *MALFORMED) as exc:
             self._health.failed("deregistration", exc, self._sync_timeout_s)
 
     async def _run(self) -> None:

@@ -203,3 +203,60 @@ def test_a_local_reservation_reaches_redis_once_it_answers(redis_server: RedisSe
             await b.close()
 
     asyncio.run(scenario())
+
+
+def test_a_release_cut_while_waiting_for_its_turn_is_still_charged(
+    redis_server: RedisServer,
+) -> None:
+    """A shutdown cancels a release queued behind its tenant's only turn (held by a call
+    Redis does not answer yet): the release was never sent, and the tokens it used are
+    charged into Redis all the same, by the replica's goodbye. Before, they were charged
+    nowhere: b could reserve the whole budget after a's request used 600 of it."""
+    limits = TenantLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        # one turn for the tenant (half of 2); no sync after the first, until the close
+        a = RedisState(
+            redis_server.url,
+            replica_id="a",
+            key_prefix="test",
+            timeout_s=5.0,
+            sync_interval_s=60.0,
+            lease_ttl_s=180.0,
+            max_connections=2,
+        )
+        b = state(redis_server, "b", 5.0)
+        assert redis_server.process is not None
+        pid = redis_server.process.pid
+        try:
+            await a.start()
+            used = await a.acquire("acme", limits)
+            assert used.shared
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                # each takes its first step in order: the holder takes acme's turn and
+                # waits for Redis; the release finds no turn and waits for one
+                holder = asyncio.ensure_future(a.acquire("acme", limits))
+                release = asyncio.ensure_future(used.release(600))
+                await asyncio.sleep(0)
+                assert not release.done()
+                release.cancel()  # the shutdown's cut
+                (cut,) = await asyncio.gather(release, return_exceptions=True)
+                assert isinstance(cut, asyncio.CancelledError), cut
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert (await holder).shared
+            assert a.healthy
+            await a.close()
+            await b.start()
+            on_b = await b.acquire("acme", limits)
+            assert on_b.shared
+            with pytest.raises(RateLimited) as refused:
+                await on_b.reserve(1000)  # a's 600 are in the budget
+            assert refused.value.limit == "tokens_per_minute"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
