@@ -17,6 +17,7 @@ import signal
 import time
 
 import pytest
+from redis.asyncio.connection import AbstractConnection
 
 from gateway.api.reservation import rate_limited
 from gateway.state import Admission, RateLimited, TenantLimits
@@ -40,6 +41,19 @@ def state(server: RedisServer, name: str, timeout_s: float, **kwargs: object) ->
         timeout_s=timeout_s,
         sync_interval_s=SYNC_S,
         lease_ttl_s=LEASE_TTL_S,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def unsynced(server: RedisServer, name: str, timeout_s: float, **kwargs: object) -> RedisState:
+    """A replica that syncs once (`start`) and not again within a test."""
+    return RedisState(
+        server.url,
+        replica_id=name,
+        key_prefix="test",
+        timeout_s=timeout_s,
+        sync_interval_s=60.0,
+        lease_ttl_s=180.0,
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -218,15 +232,7 @@ def test_a_release_cut_while_waiting_for_its_turn_is_still_charged(
 
     async def scenario() -> None:
         # one turn for the tenant (half of 2); no sync after the first, until the close
-        a = RedisState(
-            redis_server.url,
-            replica_id="a",
-            key_prefix="test",
-            timeout_s=5.0,
-            sync_interval_s=60.0,
-            lease_ttl_s=180.0,
-            max_connections=2,
-        )
+        a = unsynced(redis_server, "a", 5.0, max_connections=2)
         b = state(redis_server, "b", 5.0)
         assert redis_server.process is not None
         pid = redis_server.process.pid
@@ -260,5 +266,51 @@ def test_a_release_cut_while_waiting_for_its_turn_is_still_charged(
             os.kill(pid, signal.SIGCONT)
             await a.close()
             await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reply_that_came_while_the_loop_was_busy_is_read(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`timeout_ms: 1000`; the admission sent to a Redis that answers only once the loop
+    is busy (blocked 1.5 s): within the call's bound on the loop's time to spare (up to a
+    second more), so its reply is read. Before, redis-py's own read bound (the sync's
+    timeout, 1 s here, in wall time) failed the call first: the state turned degraded and
+    the request was decided locally."""
+    limits = TenantLimits(requests_per_minute=RPM)
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    send = AbstractConnection.send_packed_command
+    armed: list[bool] = []
+
+    def busy() -> None:
+        os.kill(pid, signal.SIGCONT)  # Redis answers while the loop is blocked
+        time.sleep(1.5)
+
+    async def sent_then_busy(self: AbstractConnection, *args: object, **kwargs: object) -> None:
+        if not armed:
+            return await send(self, *args, **kwargs)  # type: ignore[arg-type]
+        armed.clear()
+        os.kill(pid, signal.SIGSTOP)  # no answer before the read below waits for it
+        await send(self, *args, **kwargs)  # type: ignore[arg-type]
+        asyncio.get_running_loop().call_soon(busy)  # once the read waits
+
+    async def scenario() -> None:
+        a = unsynced(redis_server, "a", 1.0)  # no sync in flight while the loop is busy
+        try:
+            await a.start()
+            assert (await a.acquire("acme", limits)).shared  # a request connection opened
+            monkeypatch.setattr(AbstractConnection, "send_packed_command", sent_then_busy)
+            armed.append(True)
+            admission = await a.acquire("acme", limits)
+            assert not armed  # it was sent so
+            assert admission.shared
+            status = a.status()
+            assert (status.healthy, status.errors, status.fallbacks) == (True, 0, 0), status
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            monkeypatch.undo()
+            await a.close()
 
     asyncio.run(scenario())
