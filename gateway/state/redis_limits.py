@@ -18,7 +18,6 @@ reaches it (redis_replay.py). Only `RateLimited` is raised.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
@@ -321,8 +320,9 @@ class RedisLimits:
         except FAILURES as exc:
             self._health.failed("release", exc)
             self._unreached(admission, shared, tokens_used)  # charged twice if it did
-        except asyncio.CancelledError:
+        except BaseException:  # cut (a shutdown), or a fault: sent or not, charged
             self._health.resync = True
+            self._unreached(admission, shared, tokens_used)  # twice if Redis took it
             raise
         finally:
             self._slots.end_call(slot)

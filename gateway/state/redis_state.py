@@ -46,7 +46,7 @@ from gateway.state.redis_replay import UnsharedCharges
 from gateway.state.redis_restore import BudgetRestore
 from gateway.state.redis_revocations import RevokedKeys
 from gateway.state.redis_slots import HeldSlots
-from gateway.state.redis_turns import TURN_WAIT_S
+from gateway.state.redis_turns import SPARED_S, TURN_WAIT_S
 from gateway.state.revocation_keeper import KeptRevocations
 from gateway.state.types import Admission, PeersListener, StateStatus, TenantLimits, TenantUse
 
@@ -85,7 +85,7 @@ class RedisState:
         self._interval_s = sync_interval_s
         self._ttl_ms = round(lease_ttl_s * 1000)
         self._sync_timeout_s = max(timeout_s, min(1.0, lease_ttl_s / 3))
-        self._client = _client(url, self._sync_timeout_s, replica)
+        self._client = _client(url, self._sync_timeout_s + 2 * SPARED_S, replica)
         self._sync_client = _client(url, self._sync_timeout_s, replica + ":sync")
         self._heartbeat_script = self._sync_client.register_script(lua.HEARTBEAT)
         self._leave_script = self._sync_client.register_script(lua.LEAVE)
@@ -181,11 +181,12 @@ class RedisState:
         tenants = self._slots.tenants()
         try:
             async with asyncio.timeout(self._sync_timeout_s):
+                await self._unshared.send()  # decided here since the last sync (a release cut)
                 await self._leave_script(
                     keys=[keys.leases, keys.inflight, *_per_tenant(keys, tenants)],
                     args=[self.replica_id],
                 )
-        except FAILURES as exc:
+        except (*FAILURES, *MALFORMED) as exc:
             self._health.failed("deregistration", exc, self._sync_timeout_s)
 
     async def _run(self) -> None:

@@ -14,7 +14,11 @@ every tenant, and what it admitted meanwhile was charged to this replica's ledge
 A call sent is given `timeout_s` to be answered (`answered_within`) on the event loop's
 time to spare: while the loop was too busy to look (a burst's own requests parsed), the
 bound waits too (up to a second more), and a reply already in the socket is read
-before the call is given up, rather than counted as Redis failing.
+before the call is given up, rather than counted as Redis failing. redis-py bounds each
+read on its own, in wall time (`socket_timeout`): the request connections' is
+`2 * SPARED_S` past the sync's (redis_state.py), so it never cuts a call first. Before,
+it was the sync's (1 s by default, `timeout_s` when longer): a loop busy for longer than
+that failed the call with its reply in the socket (`timeout_ms: 1000`, a loop busy 1.5 s).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import signal
 import time
 
 import pytest
+from redis.asyncio.connection import AbstractConnection
 
 from gateway.api.reservation import rate_limited
 from gateway.state import Admission, RateLimited, TenantLimits
@@ -40,6 +41,19 @@ def state(server: RedisServer, name: str, timeout_s: float, **kwargs: object) ->
         timeout_s=timeout_s,
         sync_interval_s=SYNC_S,
         lease_ttl_s=LEASE_TTL_S,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def unsynced(server: RedisServer, name: str, timeout_s: float, **kwargs: object) -> RedisState:
+    """A replica that syncs once (`start`) and not again within a test."""
+    return RedisState(
+        server.url,
+        replica_id=name,
+        key_prefix="test",
+        timeout_s=timeout_s,
+        sync_interval_s=60.0,
+        lease_ttl_s=180.0,
         **kwargs,  # type: ignore[arg-type]
     )
 
@@ -172,8 +186,8 @@ def test_local_admissions_reach_redis_once_it_answers(redis_server: RedisServer)
 
 def test_a_local_reservation_reaches_redis_once_it_answers(redis_server: RedisServer) -> None:
     """Tokens alike: a reservation a made on its share while Redis did not answer is in
-    Redis's budget once a turns healthy, so b's reservation that would take the budget
-    past its limit is refused."""
+    Redis's budget once a turns healthy, so b's reservation of the whole budget is
+    refused."""
     limits = TenantLimits(tokens_per_minute=1000)
 
     async def scenario() -> None:
@@ -192,8 +206,10 @@ def test_a_local_reservation_reaches_redis_once_it_answers(redis_server: RedisSe
             await until_async(lambda: a.healthy and b.healthy, "healthy again", timeout=WAIT_S)
             on_b = await b.acquire("acme", limits)
             assert on_b.shared
+            # The whole budget: refused while any of a's 500 is left (30 s after a made
+            # it), not only while more than 100 is (6 s: a loaded machine took longer).
             with pytest.raises(RateLimited) as refused:
-                await on_b.reserve(600)  # 500 + 600 of 1000
+                await on_b.reserve(1000)
             assert refused.value.limit == "tokens_per_minute"
             await on_b.reserve(400)  # what is left (the reservation refused took none)
             assert on_b.reserved_shared == 400
@@ -201,5 +217,100 @@ def test_a_local_reservation_reaches_redis_once_it_answers(redis_server: RedisSe
             os.kill(pid, signal.SIGCONT)
             await a.close()
             await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_release_cut_while_waiting_for_its_turn_is_still_charged(
+    redis_server: RedisServer,
+) -> None:
+    """A shutdown cancels a release queued behind its tenant's only turn (held by a call
+    Redis does not answer yet): the release was never sent, and the tokens it used are
+    charged into Redis all the same, by the replica's goodbye. Before, they were charged
+    nowhere: b could reserve the whole budget after a's request used 600 of it."""
+    limits = TenantLimits(tokens_per_minute=1000)
+
+    async def scenario() -> None:
+        # one turn for the tenant (half of 2); no sync after the first, until the close
+        a = unsynced(redis_server, "a", 5.0, max_connections=2)
+        b = state(redis_server, "b", 5.0)
+        assert redis_server.process is not None
+        pid = redis_server.process.pid
+        try:
+            await a.start()
+            used = await a.acquire("acme", limits)
+            assert used.shared
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                # each takes its first step in order: the holder takes acme's turn and
+                # waits for Redis; the release finds no turn and waits for one
+                holder = asyncio.ensure_future(a.acquire("acme", limits))
+                release = asyncio.ensure_future(used.release(600))
+                await asyncio.sleep(0)
+                assert not release.done()
+                release.cancel()  # the shutdown's cut
+                (cut,) = await asyncio.gather(release, return_exceptions=True)
+                assert isinstance(cut, asyncio.CancelledError), cut
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert (await holder).shared
+            assert a.healthy
+            await a.close()
+            await b.start()
+            on_b = await b.acquire("acme", limits)
+            assert on_b.shared
+            with pytest.raises(RateLimited) as refused:
+                await on_b.reserve(1000)  # a's 600 are in the budget
+            assert refused.value.limit == "tokens_per_minute"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            await a.close()
+            await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reply_that_came_while_the_loop_was_busy_is_read(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`timeout_ms: 1000`; the admission sent to a Redis that answers only once the loop
+    is busy (blocked 1.5 s): within the call's bound on the loop's time to spare (up to a
+    second more), so its reply is read. Before, redis-py's own read bound (the sync's
+    timeout, 1 s here, in wall time) failed the call first: the state turned degraded and
+    the request was decided locally."""
+    limits = TenantLimits(requests_per_minute=RPM)
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    send = AbstractConnection.send_packed_command
+    armed: list[bool] = []
+
+    def busy() -> None:
+        os.kill(pid, signal.SIGCONT)  # Redis answers while the loop is blocked
+        time.sleep(1.5)
+
+    async def sent_then_busy(self: AbstractConnection, *args: object, **kwargs: object) -> None:
+        if not armed:
+            return await send(self, *args, **kwargs)  # type: ignore[arg-type]
+        armed.clear()
+        os.kill(pid, signal.SIGSTOP)  # no answer before the read below waits for it
+        await send(self, *args, **kwargs)  # type: ignore[arg-type]
+        asyncio.get_running_loop().call_soon(busy)  # once the read waits
+
+    async def scenario() -> None:
+        a = unsynced(redis_server, "a", 1.0)  # no sync in flight while the loop is busy
+        try:
+            await a.start()
+            assert (await a.acquire("acme", limits)).shared  # a request connection opened
+            monkeypatch.setattr(AbstractConnection, "send_packed_command", sent_then_busy)
+            armed.append(True)
+            admission = await a.acquire("acme", limits)
+            assert not armed  # it was sent so
+            assert admission.shared
+            status = a.status()
+            assert (status.healthy, status.errors, status.fallbacks) == (True, 0, 0), status
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            monkeypatch.undo()
+            await a.close()
 
     asyncio.run(scenario())
