@@ -167,12 +167,9 @@ class LimitedHttpProtocol(RefusingProtocol):
             mark_lost(self.answering)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        earlier, self.answering = self.answering, cycle
-        # Not answered into the write buffer before an earlier answer's tail was taken; a
-        # connection's first request has none (what its buffer holds is no answer's tail).
-        if earlier is not None:
-            app = after_earlier_answers(app, self.transport, self.loss)
-        super()._start_asgi_task(cycle, app)
+        self.answering = cycle
+        # Not answered into the write buffer before an earlier answer's tail was taken.
+        super()._start_asgi_task(cycle, after_earlier_answers(app, self.transport, self.loss))
 
     def pause_writing(self) -> None:
         super().pause_writing()

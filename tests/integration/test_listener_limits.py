@@ -763,23 +763,30 @@ class _LookedWire(_HeldWire):
         return self.held
 
 
-def test_a_later_answer_waits_for_an_earlier_tail_and_an_unread_one_is_cut() -> None:
-    """A pipelined request starts only once the kernel took the answer before it (its
-    completion record waits for that: `after_earlier_answers`); so no later answer goes
-    out behind an earlier tail, and a tail never read is cut at the write deadline, the
-    later request never started (before, the stream went out behind the tail)."""
+def test_an_earlier_tail_does_not_cut_a_later_answer_going_out() -> None:
+    """The tail deadline of an answer is about reading nothing while no answer goes out:
+    while a later one does (a stream), its own pause has the deadline. Each look the
+    protocol takes at the held bytes while the stream goes out is a deadline passing."""
 
-    async def run() -> tuple[list[str], bool]:
+    async def run() -> list[bool]:
         loop = asyncio.get_running_loop()
         wire = _LookedWire(loop)
-        started: list[str] = []
+        cut_meanwhile: list[bool] = []
 
         async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-            started.append(scope["path"])
-            headers = [(b"content-length", b"4")]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            wire.held = 20_000  # the answer's tail, never taken
-            await send({"type": "http.response.body", "body": b"xxxx"})
+            if scope["path"] == "/whole":
+                headers = [(b"content-length", b"4")]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                await send({"type": "http.response.body", "body": b"xxxx"})
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"x", "more_body": True})
+            start = wire.looks
+            while wire.looks < start + 3 and not wire.aborted:  # three deadlines passed
+                wire.looked.clear()
+                await asyncio.wait_for(wire.looked.wait(), WAIT_S)
+            cut_meanwhile.append(wire.aborted)
+            await send({"type": "http.response.body", "body": b""})
 
         config = uvicorn_config(app, ListenSettings(write_timeout_s=0.05))
         config.load()
@@ -789,11 +796,12 @@ def test_a_later_answer_waits_for_an_earlier_tail_and_an_unread_one_is_cut() -> 
         )
         wire.protocol = protocol
         protocol.connection_made(wire)
+        wire.held = 20_000  # the first answer's tail, never taken
         protocol.data_received(
             b"GET /whole HTTP/1.1\r\nhost: x\r\n\r\nGET /stream HTTP/1.1\r\nhost: x\r\n\r\n"
         )
-        await asyncio.wait_for(wire.ended.wait(), WAIT_S)  # cut: nothing was read
         await finish(state.tasks)
-        return started, wire.aborted
+        await asyncio.wait_for(wire.ended.wait(), WAIT_S)  # then cut: nothing was read
+        return [*cut_meanwhile, wire.aborted]
 
-    assert asyncio.run(run()) == (["/whole"], True)
+    assert asyncio.run(run()) == [False, True]
