@@ -44,7 +44,6 @@ __all__ = [
     "CHUNK",
     "BodyWriter",
     "ConnectionLoss",
-    "after_earlier_answers",
     "body_writer",
     "client_lost",
     "cut",
@@ -72,7 +71,7 @@ class ConnectionLoss:
     being answered (a pipelined or keep-alive request after it is), so a mark on the
     cycles the protocol still knows would miss it."""
 
-    __slots__ = ("cut", "dropped", "emptied", "lost", "taken")
+    __slots__ = ("cut", "dropped", "lost", "taken")
 
     def __init__(self) -> None:
         self.lost = False
@@ -87,11 +86,6 @@ class ConnectionLoss:
         # Without it, a client that read an answer's last bytes and closed between two
         # looks of `BodyWriter.taken` was recorded 499, committing to less than it got.
         self.taken = False
-        # Times the connection's write buffer in this process was seen empty: every byte
-        # handed to it before then was the kernel's. A request waiting for its answer to
-        # be taken (`BodyWriter.taken`) that finds it changed has its answer taken, even
-        # though a later answer on the connection fills the buffer again by then.
-        self.emptied = 0
 
 
 class BodyWriter:
@@ -269,29 +263,17 @@ class BodyWriter:
         False when the connection was lost first. uvloop writes to the socket at once,
         so a reading client's answer is taken when written; one the client reads slower
         than it is written waits for it. Bounded by the listener, which drops a client
-        that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py).
-        Taken too once the buffer was seen empty meanwhile (`ConnectionLoss.emptied`, by
-        a later request of the connection before it answers: `after_earlier_answers`),
-        unless the gateway aborted the connection since (`ConnectionLoss.cut`). Empty but
-        closing is a reset whose buffer was dropped, or a close: the loss decides."""
+        that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
         cycle = self._cycle()
         poll = _TAIL_POLL_S
-        loss = self._loss
-        emptied = loss.emptied
         while cycle is not None and not self.closed and not cycle.disconnected:
             if not cycle.transport.get_write_buffer_size():
-                if cycle.transport.is_closing():  # a reset dropped it, or a close: the loss says
-                    await asyncio.sleep(poll)  # until the protocol is told (`closed`)
-                    continue
-                loss.emptied += 1
                 return True
             if cycle.flow.write_paused:
                 await cycle.flow.drain()  # resumed below the low-water mark, or lost
             else:  # a tail below the pause mark: no event says when the kernel took it
                 await asyncio.sleep(poll)
                 poll = min(poll * 2, _TAIL_POLL_MAX_S)
-            if loss.emptied != emptied and not loss.cut:  # (`after_earlier_answers`)
-                return True
         if self._loss.taken and cycle is not None and not cycle.disconnected:
             # The client took all of it, then closed (`ConnectionLoss.taken`); a write of
             # this answer that found the connection closing marked its cycle lost.
@@ -351,32 +333,6 @@ def cut(connection: Any) -> None:
     if isinstance(loss, ConnectionLoss):
         loss.cut = True
     connection.transport.abort()
-
-
-def after_earlier_answers(app: Any, transport: Any, loss: ConnectionLoss) -> Any:
-    """`app` for the next request of a connection (keep-alive or pipelined), started
-    while `transport`'s write buffer in this process still holds the tail of an earlier
-    answer the client has not taken: `app` runs once the kernel took that tail (or the
-    connection is gone). Its own answer would otherwise go into the buffer behind that
-    tail, and the earlier request, waiting until the kernel took its answer (`taken`,
-    which its completion record waits for), would wait for the buffer to empty, this
-    answer too: a client that read the earlier answer whole and then left (or reset)
-    with this one unread made the earlier one 499, its signed record saying the client
-    never got the end it read. With an empty buffer, `app` itself, and the earlier
-    answer counts as taken (`ConnectionLoss.emptied`)."""
-    if not transport.get_write_buffer_size():
-        if not transport.is_closing():  # (a reset empties it too)
-            loss.emptied += 1
-        return app
-
-    async def answer(scope: Scope, receive: Any, send: Any) -> None:
-        writer = body_writer(scope)
-        # The wait ends at the write timeout's drop at the latest. A connection lost
-        # first: the request is dropped unanswered, as uvicorn drops one still queued.
-        if writer is None or await writer.taken():
-            await app(scope, receive, send)
-
-    return answer
 
 
 def body_writer(scope: Scope) -> BodyWriter | None:

@@ -54,8 +54,6 @@ uses it for every server, with `listen.*` from gateway.yaml (docs/configuration.
   connection that sends more gets 400 after their answers, and is closed: uvicorn
   parses every request of a read, so one connection could queue requests without end. Its
   loss tells the request being answered too, not only the newest (uvicorn's `cycle`).
-  A later request starts once the kernel took an earlier answer's tail (its record waits
-  for that: `after_earlier_answers`, gateway/body_writer.py).
 - a body answered before it was read (an early 401, 413, 429) is not kept with the cycle.
 - protocol upgrades (`Upgrade` with `Connection: upgrade`, `CONNECT`) are 400: the parser
   stops at such a head, and its body would otherwise be parsed as a request of its own.
@@ -86,7 +84,6 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 from gateway.body_writer import (
     BODY_WRITER_SCOPE_KEY,
     BodyWriter,
-    after_earlier_answers,
     client_lost,
     mark_lost,
 )
@@ -168,8 +165,7 @@ class LimitedHttpProtocol(RefusingProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         self.answering = cycle
-        # Not answered into the write buffer before an earlier answer's tail was taken.
-        super()._start_asgi_task(cycle, after_earlier_answers(app, self.transport, self.loss))
+        super()._start_asgi_task(cycle, app)
 
     def pause_writing(self) -> None:
         super().pause_writing()

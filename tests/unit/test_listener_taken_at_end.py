@@ -66,9 +66,9 @@ def _answer(end: End, *, eof_first: bool = False) -> tuple[_Answered, _Buffered]
         app = _Answered()
         protocol = listener_protocol(app)
         transport = _Buffered()
-        protocol.connection_made(transport)  # type: ignore[arg-type]
-        protocol.data_received(GET)  # (started at once: no earlier answer's tail)
         transport.unsent = 10  # the answer's tail: the kernel has not taken it yet
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        protocol.data_received(GET)
         if eof_first:
             transport.unsent = 0
             protocol.eof_received()
