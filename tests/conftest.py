@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.helpers.net import free_port
 from tests.helpers.prerequisites import real_backend, real_smollm2, redis_binary
 from tests.helpers.processes import KEY, GatewayProcess
 from tests.helpers.raw_backend import Answer, RawBackend
+from tests.helpers.real_backend import prewarm
 from tests.helpers.real_backend.server import LlamaServer, running_llama_server
 from tests.helpers.redis_server import RedisServer
 
@@ -260,3 +262,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if item.path.is_relative_to(UNIT) and fixtures & INTEGRATION_FIXTURES:
             used = ", ".join(sorted(fixtures & INTEGRATION_FIXTURES))
             raise pytest.UsageError(f"{item.nodeid} uses {used}: move it to tests/integration/")
+
+
+_PREWARM = pytest.StashKey[subprocess.Popen[bytes] | None]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run that selected a `real_backend` test starts installing the real llama-server in
+    the background now (tests/helpers/real_backend/prewarm.py), so a cold build overlaps
+    the tests before the first one that needs it."""
+    if session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker("real_backend") for item in session.items):
+        session.config.stash[_PREWARM] = prewarm.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop a background installation the run no longer waits for."""
+    prewarm.stop(session.config.stash.get(_PREWARM, None))
