@@ -12,7 +12,8 @@ docs promise one (duplicated member names were refused for that reason already).
 
 `_independent_verdict` is a verifier written from docs/provenance.md's prose alone, with
 no owngate import and not the recipe's code, reading JSON as RFC 8259 has it; it must
-agree with owngate and with the recipe on honest receipts and hostile encodings.
+agree with owngate and with the recipe on honest receipts, on what a holder can reshape
+of one (members, signatures, path, position) and on hostile encodings.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def _independent_verdict(data: bytes, vkey: str) -> Any:
             return _rfc8259(_signed(receipt, kind, vkey))
         members = {"batch", "path", "payload", "payloadType", "position"}
         assert set(receipt) - {"attestation"} == members
+        assert set(receipt["batch"]) == {"payload", "payloadType", "signatures"}
         assert receipt["payloadType"] == kind
         statement = _rfc8259(
             _signed(receipt["batch"], "application/vnd.owngate.receipt-batch+json", vkey)
@@ -143,7 +145,8 @@ def _independent_verdict(data: bytes, vkey: str) -> Any:
         assert statement["first"] <= claims["index"] < statement["first"] + statement["entries"]
         node = hashlib.sha256(b"\0" + payload).digest()
         at, last = receipt["position"], statement["receipts"] - 1
-        assert type(at) is int and 0 <= at <= last and len(receipt["path"]) <= 10
+        assert type(at) is int and 0 <= at <= last
+        assert type(receipt["path"]) is list and len(receipt["path"]) <= 10
         for sibling in map(_canonical_b64, receipt["path"]):  # RFC 9162, 2.1.3.2
             assert len(sibling) == 32 and last > 0
             if at & 1 or at == last:
@@ -200,6 +203,51 @@ def test_a_receipt_that_is_not_json_text_is_refused_by_every_verifier(form: str)
     for name, data in _hostile(_receipts()[form]).items():
         assert _independent_verdict(data, SIGNER.vkey) is None, name
     assert {name: verdicts for name, verdicts in passed.items() if any(verdicts)} == {}
+
+
+def _reshaped(envelope: bytes) -> dict[str, bytes]:
+    """What a receipt's holder can make of it that is still JSON text: each verifier
+    refuses the same ones (docs: "Receipts")."""
+    value = json.loads(envelope)
+    signed = value.get("batch", value)
+    good = signed["signatures"][0]
+
+    def signing(**members: Any) -> dict[str, Any]:
+        return (
+            {**value, "batch": {**signed, **members}} if "batch" in value else {**signed, **members}
+        )
+
+    found: dict[str, Any] = {
+        "as is": value,
+        "a member more": {**value, "x": 1},
+        "a signature more, of another key": signing(signatures=[good, {"keyid": "o+0", "sig": ""}]),
+        "a bad signature of the key": signing(signatures=[good, {**good, "sig": "A" * 86 + "=="}]),
+        "nine signatures": signing(signatures=[good] * 9),
+        "the envelope with a member more": signing(x=1),
+    }
+    if "batch" in value:
+        found |= {
+            "path a string": {**value, "path": ""},
+            "path an object": {**value, "path": {}},
+            "position a float": {**value, "position": float(value["position"])},
+            "position past the batch": {**value, "position": 3},
+            "another position": {**value, "position": value["position"] ^ 1},
+        }
+    return {name: json.dumps(v, indent=1).encode() for name, v in found.items()}
+
+
+@pytest.mark.parametrize("form", ["v1", "v2"])
+def test_a_reshaped_receipt_gets_one_verdict_from_every_verifier(form: str) -> None:
+    verdicts = {
+        name: (
+            _owngate_verdict(data),
+            _independent_verdict(data, SIGNER.vkey),
+            _recipe_verdict(data),
+        )
+        for name, data in _reshaped(_receipts()[form]).items()
+    }
+    assert verdicts["as is"][0] is not None
+    assert {name: v for name, v in verdicts.items() if not v[0] == v[1] == v[2]} == {}
 
 
 def test_audit_receipt_verify_fails_a_receipt_that_is_not_json_text(
