@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Iterable, Sequence
 
 from gateway.canonical import canonical_json
@@ -47,10 +48,38 @@ def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return value
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is no JSON value (RFC 8259)")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # `1e400`: Python's inf, JavaScript's Infinity, Go's error
+        raise ValueError("a number past a double's range")
+    return value
+
+
+def _integer(text: str) -> int:
+    if not math.isfinite(float(text)):  # 309 digits or more: a double's inf, as above
+        raise ValueError("a number past a double's range")
+    return int(text)
+
+
 def loads_strict(data: bytes, what: str) -> object:
-    """JSON, refusing duplicated member names (MalformedError for anything not JSON)."""
+    """JSON text as RFC 8259 has it, refusing duplicated member names (MalformedError for
+    anything not JSON): UTF-8 with no byte order mark, no `NaN` or `Infinity`, no number
+    past a double's range. Python's `json.loads` takes all of these (UTF-16 and UTF-32
+    told by their zero bytes, surrogates encoded in UTF-8), which other parsers refuse or
+    read otherwise: one receipt would get two verdicts."""
     try:
-        return json.loads(data, object_pairs_hook=_unique)
+        text = data.decode("utf-8")  # strict: no encoded surrogate; a BOM stays, refused
+        return json.loads(
+            text,
+            object_pairs_hook=_unique,
+            parse_constant=_no_constant,
+            parse_float=_finite,
+            parse_int=_integer,
+        )
     # ValueError: also a number over Python's 4,300-digit limit; RecursionError: nested deep
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError too
         raise MalformedError(f"{what} is not JSON: {str(exc)[:200]}") from exc
