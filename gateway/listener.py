@@ -296,7 +296,9 @@ class LimitedHttpProtocol(RefusingProtocol):
         if version == "1.0":  # no chunked framing for it (gateway/close_delimited.py)
             close_delimited(self.cycle)
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
-        self.cycle.transport = HeadCoalescer(self.transport, self.loop, self.cycle, mark_lost)  # type: ignore[assignment]
+        self.cycle.transport = HeadCoalescer(  # type: ignore[assignment]
+            self.transport, self.loop, self.cycle, mark_lost, self.loss
+        )
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
         self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle, self.loss)  # type: ignore[typeddict-unknown-key]
         if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
@@ -312,6 +314,7 @@ class LimitedHttpProtocol(RefusingProtocol):
             # Answered before its body was read (an early 401, 413, 429): uvicorn keeps what
             # it buffered (up to one read past 64 KiB) until the next request or the end.
             cycle.body = bytearray()
+        self._answer_ended()  # before the next request's task starts (`answering`)
         super().on_response_complete()  # (may close: `connection: close`)
         self._watch_tail()  # an unread tail below the pause mark: deadline too
         # Waiting again, unless a pipelined request is answered now (the newest cycle).
@@ -321,7 +324,7 @@ class LimitedHttpProtocol(RefusingProtocol):
                 self.timeout_keep_alive_task = None
                 if isinstance(self.cycle.transport, HeadCoalescer):
                     self.cycle.transport.flush()  # a HEAD answer's head goes first
-                self.transport.write(self._after_answers)
+                self._write_own(self._after_answers)
                 self._linger()
                 return
             self.room.wait(self._peer, self)

@@ -169,18 +169,22 @@ def test_a_stream_the_client_took_whole_is_recorded_whole_behind_a_later_unread_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two streams pipelined on one connection; the first one's end goes to the
-    connection's write buffer, the second request comes to its wait (before the first
-    one's tail was taken, whatever the timing: a read of it now would race the second
-    answer's writes), then the client reads that first answer to its last chunk
-    (its `[DONE]` and receipt line too) and reads nothing of the second, which backs up
-    in the same write buffer, and resets. The first client got its stream whole: 200.
-    Before, the first stream's wait for its end to be taken waited for the connection's
-    whole write buffer to empty, the second answer's bytes in it too, and the reset made
-    the first stream 499 (the log saying its client never got the end it read)."""
+    connection's write buffer, the second answer's first bytes go in behind it (before
+    the client reads: a read now would race them), then the client reads that first
+    answer to its last chunk (its `[DONE]` and receipt line too) and reads nothing of the
+    second, which backs up in the same write buffer; once the first stream's wait saw its
+    end taken (no sleep decides when it looks), the client resets. The first client got
+    its stream whole: 200. Before, the first stream's wait for its end to be taken waited
+    for the connection's whole write buffer to empty, the second answer's bytes in it too:
+    it never saw its end taken while the second answer sat unread (this test's wait for it
+    failed), and the reset made the first stream 499, the log saying its client never got
+    the end it read (a client could so disown any answer it read: pipeline another
+    request, read the first answer whole, reset)."""
     seen = EndSeen(monkeypatch)
     ending = vars(passthrough)["end_stream"]  # `EndSeen`'s, which wraps the module's
     taken = body_writer.BodyWriter.taken
     waiting: list[object] = []  # the writers whose requests waited for their bytes taken
+    seen_taken: list[object] = []  # ... and those whose wait saw them taken
     first_writer: list[Any] = []
     connection: list[Any] = []  # the connection's transport (its write buffer)
 
@@ -196,7 +200,9 @@ def test_a_stream_the_client_took_whole_is_recorded_whole_behind_a_later_unread_
 
     async def awaited(writer: Any) -> bool:
         waiting.append(writer)
-        return await taken(writer)
+        if got := await taken(writer):
+            seen_taken.append(writer)
+        return got
 
     monkeypatch.setattr(passthrough, "end_stream", counting)
     monkeypatch.setattr(body_writer.BodyWriter, "taken", awaited)
@@ -223,6 +229,11 @@ def test_a_stream_the_client_took_whole_is_recorded_whole_behind_a_later_unread_
         until(  # the second request answering, into the buffer the client no longer reads
             lambda: len(raw.posts) == 2 and connection[0].get_write_buffer_size() > 0,
             "the second answer backed up",
+            timeout=30,
+        )
+        until(
+            lambda: first_writer[0] in seen_taken,
+            "the first stream's end seen taken, the second answer unread behind it",
             timeout=30,
         )
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
