@@ -78,13 +78,15 @@ class HeadCoalescer:
         held = self._held
         if held is not None:
             self._held = None
-            self._out(held + data)
-        elif self._started:
-            self._out(data)
-        else:
+            data = held + data
+        elif not self._started:
             self._started = True
             self._held = data
             self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+        if self._count is not None:  # (see the module; written out: once per answer)
+            self._count.sent += len(data)
 
     def passed(self) -> asyncio.Transport | None:
         """The connection's transport, once the held write went out: nothing is held
@@ -98,14 +100,11 @@ class HeadCoalescer:
         if held is not None:
             self._held = None
             if not self._transport.is_closing():
-                self._out(held)
+                self._transport.write(held)
+                if self._count is not None:
+                    self._count.sent += len(held)
             else:
                 self._gone()
-
-    def _out(self, data: bytes) -> None:
-        self._transport.write(data)
-        if self._count is not None:
-            self._count.sent += len(data)
 
     def _gone(self) -> None:
         cycle = None if self._cycle is None else self._cycle()

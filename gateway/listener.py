@@ -68,9 +68,10 @@ never per event.
 Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
 whose head (and body) arrive in one read arms none: the head timer is armed once per
 connection and after that only for a head or body left incomplete at the end of a read.
-Per request the protocol adds a few attribute updates, one pass over the headers and four
-Python frames (about 1% of the gateway's CPU; the room two `Room` calls), and hands a body
-that arrived in one read to the app uncopied (`gateway/listener_body.py`).
+Per request the protocol adds a few attribute updates, one pass over the headers and five
+Python frames (about 1% of the gateway's CPU; the room two `Room` calls, and the count of
+where its answer ends, `_answer_ended`), and hands a body that arrived in one read to the
+app uncopied (`gateway/listener_body.py`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,13 @@ from typing import Any, ClassVar, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import ConnectionLoss, body_writer, cut, mark_lost
+from gateway.body_writer import (
+    BODY_WRITER_SCOPE_KEY,
+    BodyWriter,
+    ConnectionLoss,
+    cut,
+    mark_lost,
+)
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import (
@@ -91,11 +97,13 @@ class RefusingProtocol(HttpToolsProtocol):
         written behind it do not move (`ConnectionLoss`). A head still held (an answer to
         HEAD: no body write carries it) goes now, counted in it."""
         cycle = self.answering
-        if cycle is not None and isinstance(cycle.transport, HeadCoalescer):
+        if cycle is None:
+            return
+        if isinstance(cycle.transport, HeadCoalescer):
             cycle.transport.flush()
         self.loss.ended = self.loss.sent
-        writer = None if cycle is None else body_writer(cast("Any", cycle.scope))
-        if writer is not None:
+        writer = cycle.scope.get(BODY_WRITER_SCOPE_KEY)  # (`body_writer`, written out)
+        if isinstance(writer, BodyWriter):
             writer.end = self.loss.sent
 
     def _write_own(self, answer: bytes) -> None:
