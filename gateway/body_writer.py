@@ -55,9 +55,12 @@ BODY_WRITER_SCOPE_KEY: Final = "owngate.body_writer"
 # One chunk of chunked coding, `CHUNK % (len(data), data)`: what `BodyWriter.write` writes
 # (and the private relay's sink, which writes each read itself: gateway/api/stream_relay.py)
 CHUNK: Final = b"%x\r\n%b\r\n"
-# How often `BodyWriter.taken` looks again at an answer's tail the client is reading
-# (below the pause mark no event says when the kernel took it): only for such a tail,
-# twice as long after each look, up to `_TAIL_POLL_MAX_S`. At 10 ms for good, a client
+# How often `BodyWriter.taken` looks again at an answer's tail the client is reading (no
+# event says when the kernel took its last byte: below the pause mark none comes at all,
+# above it writing resumes below the low-water mark, which a later answer behind the tail
+# may hold it above): twice as long after each look, up to `_TAIL_POLL_MAX_S`. Before, a
+# paused tail waited for that resume, not seeing its end taken while a later answer held
+# the buffer up: a client reset then was 499 for an answer it read. At 10 ms for good, a client
 # that leaves such a tail unread woke its request 100 times a second until the write
 # timeout (120 s): a few thousand such connections held the event loop's CPU.
 _TAIL_POLL_S: Final = 0.01
@@ -69,9 +72,19 @@ class ConnectionLoss:
     shared by the `BodyWriter`s of all its requests. A request waiting for its answer to
     be taken (`BodyWriter.taken`) may no longer be the connection's newest or the one
     being answered (a pipelined or keep-alive request after it is), so a mark on the
-    cycles the protocol still knows would miss it."""
+    cycles the protocol still knows would miss it.
 
-    __slots__ = ("cut", "dropped", "lost", "taken")
+    It also counts the bytes handed to the connection (`sent`: through the cycles'
+    `HeadCoalescer`s and the listener's own answers) and how many of them the kernel took
+    (`taken_upto`): an answer ends at a count (`BodyWriter.end`) and is taken once that
+    count is, whatever a later answer (pipelined, or asked before the client read this
+    one's end) or the listener's refusal put in the write buffer behind it. A stream's
+    chunks written past the coalescer go uncounted: only once every earlier answer was
+    seen taken (`BodyWriter.ready`), and its end, written through the coalescer again
+    (`guard`), is counted after them: a look at the buffer after an answer's end never
+    takes uncounted bytes for counted ones that went out."""
+
+    __slots__ = ("cut", "dropped", "ended", "lost", "sent", "taken_upto")
 
     def __init__(self) -> None:
         self.lost = False
@@ -79,19 +92,36 @@ class ConnectionLoss:
         # Aborted by the gateway itself (`cut`: a write timeout, the connection cap, `drop`):
         # what the kernel took may still be lost (closing with unread input resets).
         self.cut = False
-        # The client ended the connection with every byte handed to it taken by the
-        # kernel (none in this process's write buffer): it read all and closed. Noted by
-        # the listener when it learns of the end (EOF, a clean loss), never after `cut`;
-        # a write after it finds the connection closing and sends nothing (`mark_lost`).
-        # Without it, a client that read an answer's last bytes and closed between two
-        # looks of `BodyWriter.taken` was recorded 499, committing to less than it got.
-        self.taken = False
+        self.sent = 0  # bytes counted as handed to the connection (see the class)
+        self.ended = 0  # the count at the latest answer's end (the listener's)
+        # The count up to which the kernel took every byte: `sent` less what the write
+        # buffer holds, whenever someone looks (`note`), never after `cut`; also noted by
+        # the listener when the client ends the connection (EOF, a clean loss), before the
+        # transport drops its buffer. Without that, a client that read an answer's last
+        # bytes and closed between two looks of `BodyWriter.taken` was recorded 499.
+        # -1 before any look: an answer whose bytes went uncounted (no listener counting
+        # them) is taken only once a look finds the buffer empty.
+        self.taken_upto = -1
+
+    def note(self, unsent: int) -> None:
+        """The write buffer holds `unsent` bytes now (its connection open, or ended by its
+        client): every counted byte before them was taken by the kernel."""
+        if not self.cut:
+            self.taken_upto = max(self.taken_upto, self.sent - unsent)
+
+    def look(self, transport: Any) -> bool:
+        """Note what the open `transport`'s write buffer holds (`note`); whether every
+        answer that ended on the connection was taken. Closing, it says nothing: a reset
+        drops the buffer (the loss and the listener's `_note_taken` decide)."""
+        if not transport.is_closing():
+            self.note(transport.get_write_buffer_size())
+        return not self.cut and self.ended <= self.taken_upto
 
 
 class BodyWriter:
     """Writes body chunks of one request's response; `ready()` says when it may."""
 
-    __slots__ = ("_cycle", "_guard", "_loss", "_on_gone", "dropped")
+    __slots__ = ("_cycle", "_guard", "_loss", "_on_gone", "dropped", "end")
 
     def __init__(self, cycle: RequestResponseCycle, loss: ConnectionLoss | None = None) -> None:
         # Weak: the request's task holds its cycle while the app runs (see the module).
@@ -105,6 +135,9 @@ class BodyWriter:
         # longer marks its cycle disconnected: what its write buffer held then never
         # reached the client. Its connection's (`ConnectionLoss`).
         self._loss = ConnectionLoss() if loss is None else loss
+        # `ConnectionLoss.sent` once the response's last bytes went to the connection (set
+        # by the listener when it completes); None before.
+        self.end: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -141,7 +174,9 @@ class BodyWriter:
         When it is, and the listener's `HeadCoalescer` holds nothing any more (the head
         went out with the first chunk), the cycle gets the connection's own transport
         back: every later write, `send`'s too, then skips the coalescer's Python frame,
-        which did nothing but pass it on (once per chunk of a paced stream)."""
+        which did nothing but pass it on (once per chunk of a paced stream). Not while an
+        earlier answer's tail is in the write buffer: its wait counts the bytes behind it
+        (`ConnectionLoss`), and the coalescer counts them."""
         cycle = self._cycle()
         ready = (
             cycle is not None
@@ -153,7 +188,7 @@ class BodyWriter:
         )
         if ready and cycle is not None and isinstance(cycle.transport, HeadCoalescer):
             transport = cycle.transport.passed()
-            if transport is not None:
+            if transport is not None and self._loss.look(transport):
                 self._guard, cycle.transport = cycle.transport, transport
         return ready
 
@@ -257,28 +292,34 @@ class BodyWriter:
         cycle.transport.close()
 
     async def taken(self) -> bool:
-        """Wait until the kernel has taken every byte handed to the connection (none left
-        in this process's write buffer, which a crash or a lost connection loses): True,
-        also when the client took it all and then closed (`ConnectionLoss.taken`), or
-        False when the connection was lost first. uvloop writes to the socket at once,
-        so a reading client's answer is taken when written; one the client reads slower
-        than it is written waits for it. Bounded by the listener, which drops a client
-        that takes nothing for `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
+        """Wait until the kernel has taken every byte of this answer (none left in this
+        process's write buffer, which a crash or a lost connection loses; a later answer
+        or refusal behind it may be: `ConnectionLoss`): True, also when the client took it
+        all and then closed (`ConnectionLoss.taken_upto`), or False when the connection was
+        lost first. uvloop writes to the socket at once, so a reading client's answer is
+        taken when written; one the client reads slower than it is written waits for it.
+        Bounded by the listener, which drops a client that takes nothing for
+        `listen.write_timeout_s` (paused or not: gateway/listener.py)."""
         cycle = self._cycle()
         poll = _TAIL_POLL_S
+        loss = self._loss
+        end = loss.sent if self.end is None else self.end
         while cycle is not None and not self.closed and not cycle.disconnected:
-            if not cycle.transport.get_write_buffer_size():
+            transport = cycle.transport
+            if not transport.is_closing():  # (a reset drops the buffer: the loss says)
+                loss.note(transport.get_write_buffer_size())
+            if end <= loss.taken_upto and not loss.cut:
                 return True
-            if cycle.flow.write_paused:
-                await cycle.flow.drain()  # resumed below the low-water mark, or lost
-            else:  # a tail below the pause mark: no event says when the kernel took it
-                await asyncio.sleep(poll)
-                poll = min(poll * 2, _TAIL_POLL_MAX_S)
-        if self._loss.taken and cycle is not None and not cycle.disconnected:
-            # The client took all of it, then closed (`ConnectionLoss.taken`); a write of
-            # this answer that found the connection closing marked its cycle lost.
+            # No event says when the kernel took this answer's last byte: writing resumes
+            # (paused) once the buffer is below its low-water mark, which a later answer
+            # behind it may hold it above, or never paused (a tail below the pause mark).
+            await asyncio.sleep(poll)
+            poll = min(poll * 2, _TAIL_POLL_MAX_S)
+        if end <= loss.taken_upto and not loss.cut and cycle is not None and not cycle.disconnected:
+            # The client took all of it, then closed (`_note_taken`); a write of this
+            # answer that found the connection closing marked its cycle lost.
             return True
-        if self._loss.dropped:  # every request of the connection: the gateway's cut
+        if loss.dropped:  # every request of the connection: the gateway's cut
             self.dropped = True
         return False
 

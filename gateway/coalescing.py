@@ -25,6 +25,10 @@ answer's send failed with it: the request ended as a gateway fault, its completi
 record saying 500 and committing to an answer the client never got, where a client that
 left is recorded 499 with none. Half of the answers to pipelined requests whose client
 reset after the first one's head were so recorded.
+
+What it writes is counted on the connection's `ConnectionLoss` (`sent`, given by the
+listener): an earlier answer's wait for its tail (`BodyWriter.taken`) tells its own bytes
+from the ones written behind them.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.body_writer import ConnectionLoss
 
 __all__ = ["HeadCoalescer"]
 
@@ -41,7 +48,7 @@ class HeadCoalescer:
     """What a `RequestResponseCycle` uses of its transport (`write`, `close`,
     `is_closing`), holding its first write back for at most the loop's current turn."""
 
-    __slots__ = ("_cycle", "_held", "_loop", "_lost", "_started", "_transport")
+    __slots__ = ("_count", "_cycle", "_held", "_loop", "_lost", "_started", "_transport")
 
     def __init__(
         self,
@@ -49,9 +56,10 @@ class HeadCoalescer:
         loop: asyncio.AbstractEventLoop,
         cycle: Any = None,
         lost: Callable[[Any], None] | None = None,
+        count: ConnectionLoss | None = None,
     ) -> None:
-        """`lost(cycle)` is called when a write finds the connection closing (see the
-        module)."""
+        """`lost(cycle)` is called when a write finds the connection closing; what goes
+        out is counted on `count` (see the module)."""
         self._transport = transport
         # weak: the cycle holds this as its transport
         self._cycle = None if cycle is None else weakref.ref(cycle)
@@ -59,6 +67,7 @@ class HeadCoalescer:
         self._loop = loop
         self._held: bytes | None = None
         self._started = False
+        self._count = count
 
     def write(self, data: bytes) -> None:
         if self._transport.is_closing():  # lost (see the module): nothing goes out
@@ -69,13 +78,15 @@ class HeadCoalescer:
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held + data)
-        elif self._started:
-            self._transport.write(data)
-        else:
+            data = held + data
+        elif not self._started:
             self._started = True
             self._held = data
             self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+        if self._count is not None:  # (see the module; written out: once per answer)
+            self._count.sent += len(data)
 
     def passed(self) -> asyncio.Transport | None:
         """The connection's transport, once the held write went out: nothing is held
@@ -90,6 +101,8 @@ class HeadCoalescer:
             self._held = None
             if not self._transport.is_closing():
                 self._transport.write(held)
+                if self._count is not None:
+                    self._count.sent += len(held)
             else:
                 self._gone()
 

@@ -68,9 +68,10 @@ never per event.
 Cost on the hot path: timers are the loop's `call_later` handles, never tasks. A request
 whose head (and body) arrive in one read arms none: the head timer is armed once per
 connection and after that only for a head or body left incomplete at the end of a read.
-Per request the protocol adds a few attribute updates, one pass over the headers and four
-Python frames (about 1% of the gateway's CPU; the room two `Room` calls), and hands a body
-that arrived in one read to the app uncopied (`gateway/listener_body.py`).
+Per request the protocol adds a few attribute updates, one pass over the headers and five
+Python frames (about 1% of the gateway's CPU; the room two `Room` calls, and the count of
+where its answer ends, `_answer_ended`), and hands a body that arrived in one read to the
+app uncopied (`gateway/listener_body.py`).
 """
 
 from __future__ import annotations
@@ -296,7 +297,9 @@ class LimitedHttpProtocol(RefusingProtocol):
         if version == "1.0":  # no chunked framing for it (gateway/close_delimited.py)
             close_delimited(self.cycle)
         # The head of the answer goes out with its first body bytes (gateway/coalescing.py).
-        self.cycle.transport = HeadCoalescer(self.transport, self.loop, self.cycle, mark_lost)  # type: ignore[assignment]
+        self.cycle.transport = HeadCoalescer(  # type: ignore[assignment]
+            self.transport, self.loop, self.cycle, mark_lost, self.loss
+        )
         # A stream's relay may write its chunks without `send` (gateway/body_writer.py).
         self.cycle.scope[BODY_WRITER_SCOPE_KEY] = BodyWriter(self.cycle, self.loss)  # type: ignore[typeddict-unknown-key]
         if self.cycle.waiting_for_100_continue:  # rare: no cost for other requests
@@ -312,6 +315,7 @@ class LimitedHttpProtocol(RefusingProtocol):
             # Answered before its body was read (an early 401, 413, 429): uvicorn keeps what
             # it buffered (up to one read past 64 KiB) until the next request or the end.
             cycle.body = bytearray()
+        self._answer_ended()  # before the next request's task starts (`answering`)
         super().on_response_complete()  # (may close: `connection: close`)
         self._watch_tail()  # an unread tail below the pause mark: deadline too
         # Waiting again, unless a pipelined request is answered now (the newest cycle).
@@ -321,7 +325,7 @@ class LimitedHttpProtocol(RefusingProtocol):
                 self.timeout_keep_alive_task = None
                 if isinstance(self.cycle.transport, HeadCoalescer):
                     self.cycle.transport.flush()  # a HEAD answer's head goes first
-                self.transport.write(self._after_answers)
+                self._write_own(self._after_answers)
                 self._linger()
                 return
             self.room.wait(self._peer, self)

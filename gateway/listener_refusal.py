@@ -2,7 +2,8 @@
 that ends a connection: the state the limits keep per connection, the head, body and write
 deadlines, and a refusal, answered as an OpenAI error object (or held until the answers
 before it are out) and followed by a bounded linger instead of a reset; and what a
-connection's end says of its answers (`_note_taken`: taken by the kernel, all of them)."""
+connection's end says of its answers (`_note_taken`: taken by the kernel, all of them), and
+where each answer ends in what the connection was handed (`_answer_ended`: `ConnectionLoss`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from typing import Any, ClassVar, cast
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.asgi import REFUSAL_SCOPE_KEY
-from gateway.body_writer import ConnectionLoss, cut, mark_lost
+from gateway.body_writer import (
+    BODY_WRITER_SCOPE_KEY,
+    BodyWriter,
+    ConnectionLoss,
+    cut,
+    mark_lost,
+)
 from gateway.coalescing import HeadCoalescer
 from gateway.errors import ErrorCode, GatewayError
 from gateway.listener_limits import (
@@ -76,14 +83,33 @@ class RefusingProtocol(HttpToolsProtocol):
 
     def _note_taken(self) -> None:
         """The client ended the connection (its EOF, or a loss without an error: a close
-        whose write buffer went out): if none of what was handed to it is left in this
-        process's write buffer, the kernel took every byte (`ConnectionLoss.taken`), and
-        the answers waiting for that (`BodyWriter.taken`) were taken. Asked before the
-        transport drops its buffer; never after the gateway's own abort (`cut`), whose
-        loss comes without an error too. A reset comes as a loss with its error: not
-        noted, what the buffer held never went out."""
-        if not self.loss.cut and not self.transport.get_write_buffer_size():
-            self.loss.taken = True
+        whose write buffer went out): what was handed to it, less what is left in this
+        process's write buffer, the kernel took (`ConnectionLoss.note`), and the answers
+        waiting for that (`BodyWriter.taken`) were taken. Asked before the transport drops
+        its buffer; never after the gateway's own abort (`cut`), whose loss comes without
+        an error too. A reset comes as a loss with its error: not noted, what the buffer
+        held never went out."""
+        self.loss.note(self.transport.get_write_buffer_size())
+
+    def _answer_ended(self) -> None:
+        """The answer being answered handed its last bytes to the connection: it ends at
+        the count now (`BodyWriter.end`), which a later answer's bytes or a refusal
+        written behind it do not move (`ConnectionLoss`). A head still held (an answer to
+        HEAD: no body write carries it) goes now, counted in it."""
+        cycle = self.answering
+        if cycle is None:
+            return
+        if isinstance(cycle.transport, HeadCoalescer):
+            cycle.transport.flush()
+        self.loss.ended = self.loss.sent
+        writer = cycle.scope.get(BODY_WRITER_SCOPE_KEY)  # (`body_writer`, written out)
+        if isinstance(writer, BodyWriter):
+            writer.end = self.loss.sent
+
+    def _write_own(self, answer: bytes) -> None:
+        """Write the listener's own answer (a refusal), counted (`ConnectionLoss.sent`)."""
+        self.transport.write(answer)
+        self.loss.sent += len(answer)
 
     # deadlines
 
@@ -166,7 +192,7 @@ class RefusingProtocol(HttpToolsProtocol):
             scope = cast("dict[str, Any]", cycle.scope)
             scope[REFUSAL_SCOPE_KEY] = GatewayError(code, message)
             mark_lost(cycle)
-        self.transport.write(refusal_answer(code, message, self.server_state.default_headers))
+        self._write_own(refusal_answer(code, message, self.server_state.default_headers))
         self._linger()
 
     def _linger(self) -> None:

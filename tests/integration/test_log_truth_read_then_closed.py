@@ -8,7 +8,7 @@ to 1 s). A client that read slower than it was answered, took the last bytes and
 between two looks was recorded 499, committing to no answer, though it got all of it:
 once the connection is lost, uvloop reports an empty buffer, and the wait could not tell
 "all taken" from "lost". Now the listener notes at the client's EOF (or a loss without an
-error) that nothing was left in the buffer (`ConnectionLoss.taken`): 200, committing to the
+error) what was left in the buffer (`ConnectionLoss.note`): 200, committing to the
 answer it read. A client that resets with the answer's tail unread is 499, as before.
 
 The race is made certain here: the wait's next look comes only once the connection ended

@@ -1,4 +1,4 @@
-"""What the listener notes when a connection ends (`ConnectionLoss.taken`, gateway/body_writer.py)
+"""What the listener notes when a connection ends (`ConnectionLoss.note`, gateway/body_writer.py)
 and what a request waiting for its answer to be taken (`BodyWriter.taken`) learns from it,
 driven on the listener's protocol with a transport whose write buffer the test sets (no socket).
 
