@@ -67,6 +67,10 @@ CONTROL_FIELDS: Final = frozenset(
         "region_name",
         "model_list",
         "user_config",
+        # a LiteLLM proxy's per-request Router settings, merged into the Router's call
+        # (`route_request` in its route_llm_request.py): fallbacks to other model groups, a
+        # routing strategy, tag routing, a tiny timeout that times out into the fallbacks
+        "router_settings_override",
         "fallbacks",
         "context_window_fallbacks",
         "content_policy_fallbacks",
