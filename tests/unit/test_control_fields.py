@@ -201,6 +201,12 @@ def test_a_body_timeout_is_refused() -> None:
         "passthrough_on_no_deployment",
         "model_group_retry_policy",
         "standard_callback_dynamic_params",
+        # a LiteLLM proxy's per-request Router settings (`route_request`)
+        "router_settings_override",
+        # logging integrations for the call, read by LiteLLM's `function_setup`
+        "callbacks",
+        "success_callback",
+        "failure_callback",
     ],
 )
 def test_a_litellm_argument_that_moves_the_call_is_refused_naming_it(name: str) -> None:
