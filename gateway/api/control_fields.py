@@ -67,6 +67,18 @@ CONTROL_FIELDS: Final = frozenset(
         "region_name",
         "model_list",
         "user_config",
+        # a LiteLLM proxy's per-request Router settings, merged into the Router's call
+        # (`route_request` in its route_llm_request.py): fallbacks to other model groups, a
+        # routing strategy, tag routing, a tiny timeout that times out into the fallbacks
+        "router_settings_override",
+        # logging integrations turned on for the call (LiteLLM's `function_setup` reads them
+        # from `completion()`'s keywords; its proxy strips only `callbacks`): the prompt goes
+        # to each one's service (Langfuse, S3, ...) with the server's credentials
+        "callbacks",
+        "success_callback",
+        "failure_callback",
+        "input_callback",
+        "service_callback",
         "fallbacks",
         "context_window_fallbacks",
         "content_policy_fallbacks",

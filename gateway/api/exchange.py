@@ -120,7 +120,9 @@ class TryNext(Exception):
     `retired`: nothing was sent, its pool closed with a config a reload retired; neither
     makes a private backend unavailable for the fallback (gateway/routing/router.py).
     `withdrawn`: nothing was sent, and a reload withdrew the attempt meanwhile
-    (gateway/api/decided.py): what it came to for the fallback, whatever `reason` says."""
+    (gateway/api/decided.py): what it came to for the fallback, whatever `reason` says.
+    `cut_short`: it timed out because the request's failover deadline cut its wait short
+    (`Attempt.cut_short`): the deadline passed first, the backend is not unavailable."""
 
     def __init__(
         self,
@@ -130,6 +132,7 @@ class TryNext(Exception):
         busy: bool = False,
         retired: bool = False,
         withdrawn: str | None = None,
+        cut_short: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -137,6 +140,8 @@ class TryNext(Exception):
         self.busy = busy
         self.retired = retired
         self.withdrawn = withdrawn
+        # what a private one came to for the fallback: the deadline passed first
+        self.came_to = "out of time" if cut_short else None
 
 
 async def settle(exchange: Exchange) -> None:

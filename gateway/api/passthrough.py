@@ -192,6 +192,7 @@ class PrivateRelay:
                 busy=exc.kind in NO_ROOM,
                 retired=exc.kind == "retired",
                 withdrawn=gone,
+                cut_short=attempt.cut_short(exc.kind),
             ) from exc
         if response.status >= 400 and trail is not None:
             trail.offered = offered  # an error status: the backend did not serve it
@@ -210,7 +211,10 @@ class PrivateRelay:
             # Broke off before the client saw a byte: another backend may serve it.
             self._reports.failed(exchange, backend, exc)
             raise TryNext(
-                f"{backend.id}: {exc.kind}", last_error(exc), busy=exc.kind in NO_ROOM
+                f"{backend.id}: {exc.kind}",
+                last_error(exc),
+                busy=exc.kind in NO_ROOM,
+                cut_short=attempt.cut_short(exc.kind),
             ) from exc
         except GatewayError:
             attempt.succeeded()  # a 4xx, translated for the client: the backend is answering

@@ -330,7 +330,7 @@ class Proxy:
                     # Withdrawn by a reload once its record was made, or its pool closed:
                     # nothing sent, not tried (its URL: refused; its config changed: retired)
                     why = exc.withdrawn or exc.reason
-                    came_to = _came_to(why, "retired" if exc.retired else None)
+                    came_to = _came_to(why, "retired" if exc.retired else exc.came_to)
                 finally:
                     plan.report(attempt, outcome, reason, busy=busy, came_to=came_to)
                     if span is not None:

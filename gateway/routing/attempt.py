@@ -22,9 +22,10 @@ _PROBE = Pass.probe  # read per attempt: an enum member's look-up costs ~15x a g
 # withdrawn by a policy reload, which a later set admitting it again takes as never tried:
 # `Plan.withdrawn`; no record of it), "failed" (tried and failed), "busy" (tried, answered
 # busy), "saturated" (up, over the threshold). The plan also knows "refused" (the request's
-# media URL) and "retired" (nothing sent: its config's pool closed, or a config reload
-# moved, re-trusted, removed or redeclared it): neither opens a fallback, so no dispatch
-# record states them.
+# media URL), "retired" (nothing sent: its config's pool closed, or a config reload
+# moved, re-trusted, removed or redeclared it) and "out of time" (its wait for the first
+# byte cut short by the request's failover deadline, which passed first): none opens a
+# fallback, so no dispatch record states them.
 FallbackBasis = tuple[tuple[str, str], ...]
 
 # The states that let `when_private_unavailable` (and `when_private_saturated`) fall back
@@ -167,6 +168,11 @@ class Attempt:
             return left
         return budget
 
+    def cut_short(self, kind: str) -> bool:
+        """Whether a failure of `kind` is a timeout the request's failover deadline caused
+        (its first-byte wait cut short): no verdict on the backend, and not unavailable."""
+        return kind == "timeout" and self._clipped
+
     def sending(self, body_bytes: int) -> None:
         """The request (`body_bytes` long) goes out: count its prefill at the backend."""
         self._prefilling = prefill_tokens(body_bytes, self.cached_bytes)
@@ -213,7 +219,7 @@ class Attempt:
     def upstream_failed(self, kind: str, detail: str) -> None:
         """The exchange with the backend failed (`UpstreamError`'s kind and detail):
         the verdict, unless the failure was not the backend's."""
-        if kind in _GATEWAY_SIDE or (kind == "timeout" and self._clipped):
+        if kind in _GATEWAY_SIDE or self.cut_short(kind):
             return
         self.failed(f"{kind}: {detail}", at_once=kind == "tls", backend_side=kind in _BACKEND_SIDE)
 

@@ -23,9 +23,12 @@ What is switched off, and why (LiteLLM 1.108.7, read from its source):
   Anthropic beta-header table is fetched from GitHub); `LITELLM_RUST=false` (every route
   stays on LiteLLM's Python implementation, the one tested here);
   `LITELLM_PRINT_STANDARD_LOGGING_PAYLOAD` removed (when set, every call's payload, prompt
-  included, is printed to stdout); `SSL_VERIFY` removed (`False` turned certificate checks
-  off for every hosted call; `ssl_verify` is forced on), `SSL_SECURITY_LEVEL` (an
-  OpenSSL level of 0 allows any cipher) and `SSLKEYLOGFILE` (every hosted call's TLS
+  included, is printed to stdout); `USE_LITELLM_PROXY` removed (`true` sent every hosted
+  call without a `base_url`, whatever its provider or pinned Region, to
+  `LITELLM_PROXY_API_BASE` with the backend's key; `use_litellm_proxy` is forced off);
+  `SSL_VERIFY` removed (`False` turned certificate checks off for every hosted call;
+  `ssl_verify` is forced on), `SSL_SECURITY_LEVEL` (an OpenSSL level of 0 allows any
+  cipher) and `SSLKEYLOGFILE` (every hosted call's TLS
   secrets were written to the file it names).
 - Proxies: only a hosted backend's `proxy` (gateway.yaml), none from the environment.
   Its aiohttp transport read `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` (any case) on every
@@ -174,6 +177,7 @@ _REMOVED_ENVIRONMENT: Final = (
     "SSLKEYLOGFILE",
     "DISABLE_AIOHTTP_TRANSPORT",  # httpx's pool: hosted connections the share would not count
     "LITELLM_HTTP2",  # the same (aiohttp has no HTTP/2)
+    "USE_LITELLM_PROXY",  # `true` sent hosted calls to `LITELLM_PROXY_API_BASE` (see above)
 )
 _LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy")
 # What LiteLLM 1.108.7's first chat call imported (its `completion` on a worker thread):
@@ -207,6 +211,7 @@ _SETTINGS: Final[dict[str, Any]] = {
     "modify_params": False,
     "drop_params": False,  # asked for per call, where the gateway means it
     "route_all_chat_openai_to_responses": False,
+    "use_litellm_proxy": False,  # every call to a LiteLLM proxy (`USE_LITELLM_PROXY`'s switch)
     # Its guard on URLs an adapter downloads (image_url, ...): no private addresses, no
     # host let through (gateway/upstream/media_urls.py checks them before LiteLLM does).
     "user_url_validation": True,

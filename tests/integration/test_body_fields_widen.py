@@ -77,6 +77,11 @@ def private(
         (b'"extra_body": {"api_base": "http://decoy.example"}', "extra_body"),
         (b'"litellm_params": {"api_base": "http://decoy.example"}', "litellm_params"),
         (b'"user_config": {"model_list": []}', "user_config"),
+        # a LiteLLM proxy merges it into its Router's call: fallbacks to other model groups
+        (
+            b'"router_settings_override": {"fallbacks": [{"m": ["gpt-4o"]}]}',
+            "router_settings_override",
+        ),
         (b'"aws_region_name": "us-east-1"', "aws_region_name"),
         (b'"vertex_location": "us-central1"', "vertex_location"),
         # LiteLLM `completion()` arguments the first list missed (its main.py's kwargs)

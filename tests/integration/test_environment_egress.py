@@ -361,3 +361,58 @@ def test_litellms_prompt_caching_switch_in_the_environment_caches_no_prompt() ->
     (received,) = anthropic.received
     assert PROMPT in json.dumps(received.body)
     assert "cache_control" not in json.dumps(received.body), received.body
+
+
+# argv: the backend's `provider_model` (no `base_url`: the provider's own URL, its Region
+# pinned); prints the URL LiteLLM's call went to, read at httpx (nothing leaves the process).
+_NO_BASE_URL_SCRIPT = """
+import asyncio, sys
+import httpx
+from gateway.config.schema import BackendSettings
+from gateway.upstream.hosted import HostedClient, HostedError
+
+class Stop(Exception):
+    pass
+
+async def capture(self, request, **kwargs):
+    print("sent", request.url)
+    raise Stop
+
+async def main():
+    backend = BackendSettings.model_validate({"id": "h", "kind": "hosted",
+        "region": "eu-central-1", "owner": "aws", "provider": "aws",
+        "models": [{"name": "g", "provider_model": sys.argv[1]}]})
+    client = HostedClient(backend, environ={}, timeout_s=10)
+    doc = {"messages": [{"role": "user", "content": "hi"}]}
+    prepared = await client.prepare("chat", doc, "g")  # loads LiteLLM
+    httpx.AsyncClient.send = capture
+    try:
+        await client.send_prepared(prepared)
+    except HostedError as exc:
+        print("error", exc.kind)
+
+asyncio.run(main())
+"""
+
+
+def test_litellms_proxy_switch_in_the_environment_moves_no_hosted_call() -> None:
+    """`USE_LITELLM_PROXY=true` (LiteLLM reads it on every call) made every hosted call a
+    call to a LiteLLM proxy at `LITELLM_PROXY_API_BASE`, whatever its provider: a Bedrock
+    backend declared, and pinned to, `eu-central-1` sent its prompt there instead. The
+    variable names no provider's URL, so the check of those
+    (gateway/upstream/provider_environment.py) let it pass; LiteLLM is now loaded without it
+    (gateway/upstream/litellm_runtime.py)."""
+    out = _child(
+        _NO_BASE_URL_SCRIPT,
+        "bedrock/anthropic.claude-3-haiku-20240307-v1:0",
+        AWS_ACCESS_KEY_ID="AKIDEXAMPLE",
+        AWS_SECRET_ACCESS_KEY="s" * 40,
+        AWS_CONFIG_FILE="/nonexistent/owngate-test-aws-config",
+        USE_LITELLM_PROXY="true",
+        LITELLM_PROXY_API_BASE="http://127.0.0.1:9/v1",
+        LITELLM_PROXY_API_KEY="sk-proxy",
+    )
+    sent = [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("sent ")]
+    assert sent, out
+    bedrock = "https://bedrock-runtime.eu-central-1.amazonaws.com/"
+    assert all(url.startswith(bedrock) for url in sent), out

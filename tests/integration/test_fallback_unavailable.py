@@ -8,6 +8,7 @@ the hosted one is a simulator reached through LiteLLM, so nothing leaves loopbac
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ from tests.helpers.gateways import (
 )
 from tests.helpers.log_truth import CHAT, ORIGIN
 from tests.helpers.provenance import records
-from tests.helpers.raw_backend import ERROR_BODY, Answer, RawBackend, json_answer
+from tests.helpers.raw_backend import (
+    ERROR_BODY,
+    Answer,
+    RawBackend,
+    completion_body,
+    json_answer,
+)
 from tests.helpers.waiting import until
 
 pytestmark = LITELLM_WARNINGS
@@ -141,3 +148,38 @@ def test_the_fallback_record_says_what_each_private_backend_came_to(
         {"backend": "a", "state": "failed"},
         {"backend": "b", "state": "failed"},
     ]
+
+
+def test_a_private_backend_the_failover_deadline_cut_short_is_not_unavailable(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The private backend is up and would answer within its `first_byte_timeout_s`
+    (120 s), but `routing.failover.deadline_s` (3 s) cuts its wait for the first byte
+    short: a request whose deadline passed gets 504 (docs/configuration.md), and a backend
+    the deadline left no time for "could still serve" (docs/policies.md). Before, the
+    timeout the deadline caused made it "failed", and the hosted provider got the prompt:
+    a client that spent the deadline first (a body sent slowly, a wait in the saturation
+    queue) chose the hosted fallback while the private backend was serving."""
+    release = threading.Event()
+    raw = start_raw(json_answer(completion_body("private"), release=release))
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "policy.yaml").write_text(POLICY)
+    gateway = start_gateway(
+        [backend("a", raw.url, "m", **EU_ZERO), hosted_backend("hosted", f"{hosted.url}/v1", "m")],
+        policy={"paths": [str(policies)]},
+        routing={"failover": {"deadline_s": 3}},
+        environ={"HOSTED_KEY": "k"},
+    )
+    try:
+        response = post(gateway)
+    finally:
+        release.set()
+    assert served(hosted) == 0, response.text
+    assert response.status_code == 504, response.text
+    assert response.json()["error"]["code"] == "upstream_timeout"
+    assert len(raw.posts) == 1

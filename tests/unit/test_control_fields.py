@@ -12,9 +12,12 @@ lock file pins), so an upgrade that adds one fails here until it is listed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -158,6 +161,24 @@ def test_every_litellm_router_argument_is_refused_or_listed() -> None:
     assert sorted(listed - set(found)) == []
 
 
+def test_every_body_key_litellms_proxy_routes_a_call_by_is_refused() -> None:
+    """A LiteLLM proxy's `route_request` (litellm/proxy/route_llm_request.py) picks what to
+    call by the keys a request's body holds: `user_config` (a Router of the client's),
+    `router_settings_override` (fallbacks, a routing strategy, a timeout merged into its
+    Router's call). The latter is neither a `completion()` parameter nor a Router argument,
+    so the lists read above missed it and a private `kind: openai` backend that is such a
+    proxy was sent it: `{"router_settings_override": {"fallbacks": [{"m": ["gpt-4o"]}]}}`
+    had it fall back to any model group its key reaches, a hosted one included."""
+    spec = importlib.util.find_spec("litellm")  # located, not imported
+    assert spec is not None and spec.origin is not None
+    source = (Path(spec.origin).parent / "proxy" / "route_llm_request.py").read_text()
+    keys = set(re.findall(r'"([A-Za-z_]+)" (?:not )?in data(?=[\s:)])', source))  # top level
+    assert {"user_config", "router_settings_override"} <= keys  # the source was read
+    # the OpenAI model and metadata (the API's); Gemini's native request's `config`
+    passing = {"model", "metadata", "generationConfig", "config"}
+    assert sorted(k for k in keys - passing if not _refused(k)) == []
+
+
 def test_a_body_timeout_is_refused() -> None:
     # A LiteLLM proxy's Router takes it as each attempt's timeout: a tiny one sends the
     # request through every deployment into the fallbacks (litellm_pre_call_utils.py).
@@ -180,6 +201,12 @@ def test_a_body_timeout_is_refused() -> None:
         "passthrough_on_no_deployment",
         "model_group_retry_policy",
         "standard_callback_dynamic_params",
+        # a LiteLLM proxy's per-request Router settings (`route_request`)
+        "router_settings_override",
+        # logging integrations for the call, read by LiteLLM's `function_setup`
+        "callbacks",
+        "success_callback",
+        "failure_callback",
     ],
 )
 def test_a_litellm_argument_that_moves_the_call_is_refused_naming_it(name: str) -> None:
