@@ -275,7 +275,7 @@ class AttestRelay:
         end = StreamEnd()  # (what goes after the backend's bytes: stream_end.py)
         received = False  # whether the backend sent any body byte
         try:
-            async for chunk in response.chunks(response.stream_deadline):
+            async for chunk in response.chunks(response.stream_deadline, stream=True):
                 received = received or bool(chunk)
                 data = comments.feed(chunk)
                 if data:
