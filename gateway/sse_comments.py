@@ -41,10 +41,11 @@ and would pass unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Final
 
-__all__ = ["CommentFilter", "without_comments"]
+__all__ = ["CommentFilter", "without_comments", "without_comments_in_turns"]
 
 _MARK: Final = b"owngate-"
 _BOM: Final = b"\xef\xbb\xbf"
@@ -58,24 +59,46 @@ _FOLD: Final = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ\t", b"abcdefghijklmn
 _RUN: Final = b" " * (_MAX_HELD - len(_MARK))
 _OPENED: Final = (b":", _BOM + b":")  # a line the filter may remove or hold starts so
 _LINE_OPENED: Final = (b"\n:", b"\r:", _BOM + b":")
+_TURN_BYTES: Final = 16 * 1024  # what `without_comments_in_turns` walks between two turns
 
 
 def without_comments(data: bytes) -> tuple[bytes, int]:
-    """A whole answer less its `owngate-` comment lines, and how many were removed: the
-    gateway's for the whole answer of a request that says `stream: true`, and the `owngate
-    attest` sidecar's for every whole answer it countersigns, so that it signs what the
-    gateway relays (it does not read the request's flag; nothing is left to remove then)."""
-    # The usual answer: no line a `:` opens (after a BOM or not), and the filter removes
-    # or holds no other: nothing to remove, and no line walked (a regex search per line).
-    # One line (line ends at its end at most) is told by its start alone.
-    lines = data.rstrip(b"\r\n")
-    if lines.find(b"\n") < 0 and lines.find(b"\r") < 0:
-        if not lines.startswith(_OPENED):
-            return data, 0
-    elif not (data.startswith(b":") or any(data.find(start) >= 0 for start in _LINE_OPENED)):
+    """A whole answer less its `owngate-` comment lines, and how many were removed (what
+    `without_comments_in_turns` returns, in one go: for tests and tools off the loop)."""
+    if _untouched(data):
         return data, 0
     comments = CommentFilter()
     return comments.feed(data) + comments.flush(), comments.stripped
+
+
+async def without_comments_in_turns(data: bytes) -> tuple[bytes, int]:
+    """`without_comments(data)`, walked `_TURN_BYTES` at a time with a turn of the event
+    loop between: the gateway's for the whole answer of a request that says `stream:
+    true`, and the `owngate attest` sidecar's for every whole answer it countersigns, so
+    that it signs what the gateway relays (it does not read the request's flag; nothing
+    is left to remove then). The walk costs Python per removed line: in one go, a backend
+    answering 16 MiB of `: owngate-x` lines held the loop 3.4 s (CPU time)."""
+    if _untouched(data):
+        return data, 0
+    comments = CommentFilter()
+    kept = []
+    for start in range(0, len(data), _TURN_BYTES):
+        if start:
+            await asyncio.sleep(0)
+        kept.append(comments.feed(data[start : start + _TURN_BYTES]))
+    kept.append(comments.flush())
+    return b"".join(kept), comments.stripped
+
+
+def _untouched(data: bytes) -> bool:
+    """Whether `without_comments` leaves `data` as it is, told without walking its lines.
+    The usual answer: no line a `:` opens (after a BOM or not), and the filter removes or
+    holds no other: nothing to remove, and no line walked (a regex search per line). One
+    line (line ends at its end at most) is told by its start alone."""
+    lines = data.rstrip(b"\r\n")
+    if lines.find(b"\n") < 0 and lines.find(b"\r") < 0:
+        return not lines.startswith(_OPENED)
+    return not (data.startswith(b":") or any(data.find(start) >= 0 for start in _LINE_OPENED))
 
 
 class CommentFilter:

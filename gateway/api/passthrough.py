@@ -65,7 +65,7 @@ from gateway.errors import ErrorCode, GatewayError
 from gateway.provenance.formats.attestation import ATTEST_HEADER, SALTS_HEADER, salts_value
 from gateway.routing.registry import BackendState, Route
 from gateway.routing.router import Attempt
-from gateway.sse_comments import without_comments
+from gateway.sse_comments import without_comments_in_turns
 from gateway.upstream.errors import translate_upstream_error
 from gateway.upstream.http import Connection, UpstreamError, UpstreamResponse
 from gateway.upstream.openai_wire import include_usage
@@ -226,9 +226,9 @@ class PrivateRelay:
         else:
             attempt.failed(broke)
 
-    def _without_comments(self, backend: str, data: bytes) -> bytes:
+    async def _without_comments(self, backend: str, data: bytes) -> bytes:
         """A whole answer to a stream request, less its `owngate-` comment lines."""
-        data, lines = without_comments(data)
+        data, lines = await without_comments_in_turns(data)
         self._reports.stripped(backend, lines)
         return data
 
@@ -298,7 +298,7 @@ class PrivateRelay:
         if not sse:
             data = await self._read_whole(exchange, backend, response)
             if exchange.stream:  # stream: true on embeddings: no SSE client's answer either
-                data = self._without_comments(backend.id, data)
+                data = await self._without_comments(backend.id, data)
             # no client reads an empty or non-JSON "success", nor a cut one
             closed = ended_by_close(response)
             counted = exchange.trail is not None

@@ -52,7 +52,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from itertools import compress, repeat
-from operator import contains
+from operator import contains, methodcaller
 from typing import Any, Final
 
 from gateway.api.media_walk import MediaWalk
@@ -76,6 +76,8 @@ _PROMPT_MEDIA: Final = frozenset({"image", "video"})
 # A body that holds prompt objects with media names one of these (or spells it escaped).
 _NEEDLES: Final = (b"multimodal_data", b'"image"', b'"video"', b"\\u")
 _PLAIN: Final = frozenset({"role", "content"})  # a plain chat message's keys
+_DICT: Final = frozenset({dict})
+_CONTENT_OF: Final = methodcaller("get", "content", "")  # (absent: plain too)
 # Infinity's embeddings `modality` that reads `input` as text (absent: text too); with any
 # other (`image`, `audio`) it fetches each string of `input` as a URL.
 _TEXT_MODALITY: Final = (None, "text")
@@ -113,13 +115,14 @@ class MediaRefs:
         # Hot path: plain chat messages (a role and a string content) and no llama.cpp
         # prompt object, looked at without a Python call. Any other key (`Content` or
         # `images` beside a role) is walked: the walk reads those too.
+        # Told by C-level calls, no Python step per message: a loop over them held the
+        # event loop 0.6 s for an 8 MiB body of 250,000 messages, four times its parse.
         messages = doc.get("messages")
-        for message in messages if isinstance(messages, list) else ():
-            if not isinstance(message, dict) or not message.keys() <= _PLAIN:
-                break
-            if not isinstance(message.get("content", ""), str):
-                break
-        else:
+        if not isinstance(messages, list) or (
+            set(map(type, messages)) <= _DICT  # objects, each of plain keys only
+            and all(map(_PLAIN.issuperset, messages))
+            and all(map(isinstance, map(_CONTENT_OF, messages), repeat(str)))
+        ):
             for name in _PROMPT_KEYS:  # a chat body has none: no search of its bytes
                 value = doc.get(name)  # an object, or an array holding one (`_holds_objects`)
                 if (

@@ -59,7 +59,7 @@ class StreamRelay:
         def feed(data: bytes) -> bytes:
             return watch.feed(comments.feed(data if tail is None else tail.feed(data)))
 
-        chunks = response.chunks(response.stream_deadline)
+        chunks = response.chunks(response.stream_deadline, stream=True)
         try:  # the client sees nothing until the first chunk: until then, failover is open
             async with asyncio.timeout_at(first_byte_by):
                 first = await anext(chunks, None)

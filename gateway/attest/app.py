@@ -91,7 +91,7 @@ from gateway.provenance.formats.attestation import (
 )
 from gateway.provenance.formats.commitments import SALT_SIZE
 from gateway.provenance.formats.receipt_payload import REQUEST_ID
-from gateway.sse_comments import CommentFilter, without_comments
+from gateway.sse_comments import CommentFilter, without_comments_in_turns
 from gateway.upstream.content_types import UNRELAYABLE_TYPE, relayed_kind, relayed_status
 from gateway.upstream.http import HttpPool, UpstreamError, UpstreamResponse
 
@@ -239,12 +239,13 @@ class AttestRelay:
                 raise GatewayError(ErrorCode.upstream_error, _UNRELAYED)
             if not stream:
                 data = await self._read(conn, response)
+                if signed and not response.ended_by_close:  # (turns of the loop: then checked)
+                    data, lines = await without_comments_in_turns(data)  # as the gateway may
+                    self._stripped(lines)
                 if conn.left or conn.transport.is_closing():  # closing: reset, not yet told
                     return
                 extra = b""
                 if signed and not response.ended_by_close:
-                    data, lines = without_comments(data)  # as the gateway may (above)
-                    self._stripped(lines)
                     digest = commit_digest("response", salts.response, _sha256(data).digest())
                     envelope = self._countersign(request_id, request_commitment, digest)
                     extra = _ATTEST_LINE + _b64(envelope, newline=False) + b"\r\n"
@@ -275,7 +276,7 @@ class AttestRelay:
         end = StreamEnd()  # (what goes after the backend's bytes: stream_end.py)
         received = False  # whether the backend sent any body byte
         try:
-            async for chunk in response.chunks(response.stream_deadline):
+            async for chunk in response.chunks(response.stream_deadline, stream=True):
                 received = received or bool(chunk)
                 data = comments.feed(chunk)
                 if data:

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from gateway.upstream.failures import OUT_OF_RESOURCES, UpstreamError, no_socket_now
+from gateway.upstream.read_wait import ReadWait
 
 if TYPE_CHECKING:
     from gateway.upstream.connection import _Connection
@@ -27,10 +28,18 @@ if TYPE_CHECKING:
 __all__ = ["OUT_OF_RESOURCES", "UpstreamResponse", "no_socket_now"]
 
 _HIGH_WATER = 256 * 1024
-_TIMER_SLACK_S = 0.001  # how early a loop may run a timer (uvloop: millisecond ticks)
+# The most of one read a stream's consumer (`pump()`'s sink, `chunks(stream=True)`) is
+# handed at once; the rest goes on a turn of the event loop later, piece by piece. What the
+# relay does with a read costs Python per line and per event (the comment filter, the
+# event reader that parses every event as the client's SDK does), and a read is up to
+# 256 KiB: a backend writing small events (or blank lines, or comment lines) back to back
+# held the loop 0.25 s a read, and a 4 MiB burst of blank lines kept a `/healthz` beside
+# it waiting 5.9 s. A piece of 16 KiB holds it some 16 ms at most (a paced stream's
+# reads, and most coalesced ones, are smaller: handed on whole, as before).
+PIECE = 16 * 1024
 
 
-class UpstreamResponse:
+class UpstreamResponse(ReadWait):
     """The response of one upstream request; body bytes arrive as `chunks()` yields."""
 
     def __init__(self, conn: _Connection, read_timeout: float) -> None:
@@ -114,7 +123,7 @@ class UpstreamResponse:
             # callback, in the pump's context: no handle scheduled, no buffer, no
             # callback of its own per read. The connection hands on a read in one piece
             # (`_Connection.data_received`), so what a zero-delay backend writes back to
-            # back is relayed in as few writes as it was read.
+            # back is relayed in as few writes as it was read (pieces of `PIECE` at most).
             loop = self._sink_loop
             assert loop is not None and self._sink_context is not None
             due = loop.time() + self._read_timeout  # the read timeout starts over here
@@ -122,6 +131,11 @@ class UpstreamResponse:
             if deadline is not None and deadline < due:
                 due, self._due_what = deadline, "the answer did not end in time"
             self._due = due
+            rest = b""
+            if len(data) > PIECE:  # the rest of it goes on from the pump's task (`PIECE`)
+                data, rest = _cut(data)
+                self._chunks.append(rest)
+                self._buffered += len(rest)
             try:
                 more = self._sink_context.run(sink, data)
             except Exception as exc:  # noqa: BLE001 - not lost: `pump()` raises it, in its task
@@ -129,6 +143,10 @@ class UpstreamResponse:
             if not more:  # the sink is full (or failed): reading pauses, the pump wakes
                 self._sink = None
                 self._sink_full = True
+                self._pause()
+                self._wake()
+            elif rest:  # reading pauses while the pump hands on the rest, a turn later
+                self._sink = None
                 self._pause()
                 self._wake()
             return
@@ -160,6 +178,15 @@ class UpstreamResponse:
         self._buffered = 0
         return data
 
+    def _piece(self) -> bytes:
+        """What is buffered, up to `PIECE` bytes of it (`_cut`); the rest stays buffered."""
+        data = self._take()
+        if len(data) > PIECE:
+            data, rest = _cut(data)
+            self._chunks.append(rest)
+            self._buffered = len(rest)
+        return data
+
     def _ended(self) -> bool:
         """With nothing buffered: True when the body ended (the connection goes back to
         the pool); raises the error that broke it off (the connection dropped)."""
@@ -171,62 +198,10 @@ class UpstreamResponse:
             raise self._error.again()
         return False
 
-    def _next_wait(
-        self, loop: asyncio.AbstractEventLoop, deadline: float | None
-    ) -> tuple[float, str]:
-        """How long the next read may take, and what its timeout says."""
-        wait, what = self._read_timeout, "backend stopped sending mid-response"
-        if deadline is not None and deadline - loop.time() < wait:
-            wait, what = deadline - loop.time(), "the answer did not end in time"
-        return wait, what
-
     def _fail(self, error: UpstreamError) -> None:
         if self._error is None:
             self._error = error
         self._wake()
-
-    async def _wait(self, timeout: float, what: str) -> None:
-        """Wait for bytes, the end or an error, at most `timeout` seconds (then `timeout`).
-        A stream's reads come one after another, each with its own deadline; arming and
-        cancelling a timer for each would cost more than the read, so the response keeps
-        one timer, armed at the earliest deadline still pending and moved on when it fires
-        early (`_check_due`)."""
-        loop = self.loop
-        waiter = self._waiter = loop.create_future()
-        due = self._due = loop.time() + timeout
-        self._due_what = what
-        timer = self._timer
-        if timer is None or timer.when() > due:
-            if timer is not None:
-                timer.cancel()
-            self._timer = loop.call_at(due, self._check_due)
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-            # The waiter holds the exception it raised here (a timeout, a broken
-            # connection), whose traceback holds this frame: not kept among its locals,
-            # or the frames the exception passed (the request's, its body among their
-            # locals) would stay in a reference cycle until the cyclic collector ran.
-            del waiter
-
-    def _check_due(self) -> None:
-        """The timer: fail a read that is past its deadline, or move on to it."""
-        self._timer = None
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            return  # nobody waits now: the next read arms the timer again
-        loop = waiter.get_loop()
-        # Timers may fire up to the loop's clock resolution early (1 ms on uvloop).
-        if loop.time() + _TIMER_SLACK_S >= self._due:
-            waiter.set_exception(UpstreamError("timeout", self._due_what))
-        else:
-            self._timer = loop.call_at(self._due, self._check_due)
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     async def _wait_headers(self, timeout: float) -> None:
         while self.status == 0 and self._error is None:
@@ -239,10 +214,14 @@ class UpstreamResponse:
             self.abort()
             raise self._error.again()
 
-    async def chunks(self, deadline: float | None = None) -> AsyncGenerator[bytes, None]:
+    async def chunks(
+        self, deadline: float | None = None, *, stream: bool = False
+    ) -> AsyncGenerator[bytes, None]:
         """Yield body bytes as they arrive; raises `UpstreamError` if the body breaks off,
         or (`timeout`) if it has not ended by `deadline` (event-loop time), however
-        steadily it arrives."""
+        steadily it arrives. `stream`: a relayed stream's consumer, given at most `PIECE`
+        bytes at a time, with a turn of the event loop before each further piece of what
+        was buffered (reading stays paused until it is all handed on)."""
         chunks = self._chunks
         loop = self.loop
         while True:
@@ -250,7 +229,15 @@ class UpstreamResponse:
                 self.abort()
                 raise UpstreamError("timeout", "the answer did not end in time")
             if chunks:
-                data = self._take()
+                if stream:
+                    data = self._piece()
+                    if chunks:  # more of what was read: the loop turns before it
+                        self._pause()
+                        yield data
+                        await asyncio.sleep(0)
+                        continue
+                else:
+                    data = self._take()
                 self._resume()
                 yield data
                 continue
@@ -278,17 +265,22 @@ class UpstreamResponse:
         chunk cost. `sink(data)` returns whether it can take more now; when it cannot
         (the client's buffers are full), reading from the backend pauses until `drain()`
         returns. An exception from `sink` ends the pump and is raised here, as are the
-        body's own failures (`UpstreamError`); the caller drops the connection then."""
+        body's own failures (`UpstreamError`); the caller drops the connection then.
+        A read is handed on `PIECE` bytes at a time, the loop turning between two pieces
+        (reading paused until the last is handed on)."""
         loop = self.loop
         chunks = self._chunks
         while True:
             if deadline is not None and not self.complete and loop.time() >= deadline:
                 self.abort()
                 raise UpstreamError("timeout", "the answer did not end in time")
-            if chunks:  # arrived while nobody took them: hand them on first
-                if not sink(self._take()):
+            if chunks:  # arrived while nobody took them, or a read's rest: hand them on
+                if not sink(self._piece()):
                     self._pause()
                     await drain()
+                elif chunks:  # more of what was read: the loop turns before it
+                    self._pause()
+                    await asyncio.sleep(0)
                 continue
             if self._ended():
                 return
@@ -385,3 +377,16 @@ class UpstreamResponse:
         self._conn.abort()
         self._conn.pool._forget(self._conn)
         self._fail(UpstreamError("closed", "request cancelled"))
+
+
+def _cut(data: bytes) -> tuple[bytes, bytes]:
+    """`data` (over `PIECE` bytes) as its first piece and the rest: the piece ends after
+    the last blank line (an SSE event's end) within `PIECE` bytes, else after the last line
+    end there, else at `PIECE` (a relay reads a stream cut anywhere alike; this keeps its
+    whole-event reads whole)."""
+    end = data.rfind(b"\n\n", 0, PIECE)
+    if end >= 0:
+        end += 2
+    else:
+        end = data.rfind(b"\n", 0, PIECE) + 1 or PIECE
+    return data[:end], data[end:]

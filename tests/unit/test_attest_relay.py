@@ -21,6 +21,7 @@ from gateway.attest import AttestRelay, AttestSettings
 from gateway.attest.protocol import Listener
 from gateway.provenance import Salts, commit, load_signer, write_signing_key
 from gateway.provenance.formats.attestation import check_countersignature, salts_value
+from gateway.sse_comments import CommentFilter
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
 from tests.helpers.provenance import records
 from tests.helpers.raw_socket import parse
@@ -99,6 +100,50 @@ def test_a_stream_ended_by_the_backend_closing_keeps_its_framing(tmp_path: Path)
     assert b"transfer-encoding" not in head.lower()
     assert b"connection: close" in head.lower()
     assert body == b"data: {}\n\n"
+
+
+def test_a_streams_large_read_is_relayed_in_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar's comment filter costs Python per comment line: a read of 256 KiB of
+    them held its event loop some 0.25 s. Each read is taken in pieces of at most 16 KiB
+    (`PIECE`, gateway/upstream/response.py), the loop turning between them."""
+    fed: list[int] = []
+    feed = CommentFilter.feed
+
+    def counted(self: CommentFilter, data: bytes) -> bytes:
+        fed.append(len(data))
+        return feed(self, data)
+
+    monkeypatch.setattr(CommentFilter, "feed", counted)
+    burst = b": owngate-x\n" * (1024 * 1024 // 12) + b"data: [DONE]\n\n"
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + burst
+    written = asyncio.run(_relay_once(tmp_path, answer))
+    assert written.split(b"\r\n\r\n", 1)[1] == b"data: [DONE]\n\n"
+    assert sum(fed) == len(burst)
+    assert max(fed) <= 16 * 1024, max(fed)  # was a read's whole, up to 256 KiB
+
+
+def test_a_whole_answers_comment_lines_are_walked_in_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So is a whole answer it countersigns: its comment lines, walked in one go (a
+    16 MiB answer of them held the loop 3.4 s of CPU), are walked 16 KiB at a time."""
+    fed: list[int] = []
+    feed = CommentFilter.feed
+
+    def counted(self: CommentFilter, data: bytes) -> bytes:
+        fed.append(len(data))
+        return feed(self, data)
+
+    monkeypatch.setattr(CommentFilter, "feed", counted)
+    body = b": owngate-x\n" * (1024 * 1024 // 12) + b'{"a": 1}'
+    answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+    written = asyncio.run(_relay_once(tmp_path, answer % len(body) + body))
+    assert written.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b'\r\n\r\n{"a": 1}' in written
+    assert sum(fed) == len(body)
+    assert max(fed) <= 16 * 1024, max(fed)  # was the whole answer
 
 
 @pytest.mark.parametrize("method", [b"HEAD", b"OPTIONS", b"DELETE"])

@@ -8,6 +8,7 @@ comment lines whose text starts with `owngate-`, in any ASCII case, after spaces
 
 from __future__ import annotations
 
+import asyncio
 import re
 import tracemalloc
 
@@ -16,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.log_tally import Tally
-from gateway.sse_comments import CommentFilter, without_comments
+from gateway.sse_comments import CommentFilter, without_comments, without_comments_in_turns
 from gateway.upstream.openai_wire import encode_chunk
+from tests.helpers.loop_turns import with_turns_beside
 
 _EVENT = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
 _DONE = b"data: [DONE]\n\n"
@@ -314,3 +316,29 @@ def test_what_the_filter_lets_through_it_lets_through_again(pieces: list[bytes])
     first pass left (or made by joining) that the second removed would be a mismatch."""
     once, _ = without_comments(b"".join(pieces))
     assert without_comments(once) == (once, 0)
+
+
+def test_a_whole_answer_s_comment_lines_are_walked_with_turns_between() -> None:
+    """Each removed line costs the walk Python: a backend's 16 MiB whole answer of
+    `: owngate-x` lines held the event loop 3.4 s (CPU) in one `without_comments`. The
+    gateway and the sidecar walk it 16 KiB at a time, the loop turning between (counted)."""
+    answer = b": owngate-x\n" * (256 * 1024 // 12)
+    (kept, removed), turns = asyncio.run(with_turns_beside(without_comments_in_turns(answer)))
+    assert (kept, removed) == (b"", len(answer) // 12)
+    assert turns >= len(answer) // (16 * 1024) - 1, turns
+    nothing = b'{"a": 1}\n' * 10_000  # nothing to remove: not walked, no turn
+    (kept, removed), turns = asyncio.run(with_turns_beside(without_comments_in_turns(nothing)))
+    assert (kept, removed, turns) == (nothing, 0, 1)  # (the turn the task beside starts on)
+
+
+# Lines that straddle the walk's 16 KiB steps: a CRLF, a comment's blanks, the marker.
+_STRADDLING = [
+    b"d" * (16 * 1024 - 1) + b"\r\n: owngate-x\r\ndata: 1\n\n",
+    b"data: 1\n" + b":" + b" " * (16 * 1024) + b"owngate-x\n" + b"data: 2\n\n",
+    b"x" * (16 * 1024 - 5) + b"\n: ow" + b"ngate-a\n:  ping\n" * 3000 + b"\xef\xbb\xbf: owngate-",
+]
+
+
+@pytest.mark.parametrize("answer", _STRADDLING, ids=["crlf", "blanks", "marker"])
+def test_the_walk_in_turns_removes_what_the_walk_in_one_go_does(answer: bytes) -> None:
+    assert asyncio.run(without_comments_in_turns(answer)) == without_comments(answer)
