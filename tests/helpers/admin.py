@@ -64,9 +64,11 @@ class Served:
         headers = bearer(role) if role else {}
         return httpx.get(f"{self.admin}{path}", headers=headers, timeout=10)
 
-    def post(self, path: str, role: str | None, body: Any = None) -> httpx.Response:
+    def post(
+        self, path: str, role: str | None, body: Any = None, *, timeout: float = 10
+    ) -> httpx.Response:
         headers = bearer(role) if role else {}
-        return httpx.post(f"{self.admin}{path}", headers=headers, json=body, timeout=10)
+        return httpx.post(f"{self.admin}{path}", headers=headers, json=body, timeout=timeout)
 
     def chat(self, key: str = KEY) -> httpx.Response:
         return httpx.post(

@@ -465,7 +465,11 @@ def test_a_candidate_config_is_validated_without_changing_anything(served: Serve
     refused = served.post("/admin/v1/config/validate", "operator", {"yaml": bad}).json()
     assert refused["valid"] is False and len(refused["problems"]) >= 1
     assert any("checkpoint_interval_ms" in problem for problem in refused["problems"])
-    deep = served.post("/admin/v1/config/validate", "operator", {"yaml": "[" * 5000 + "]" * 5000})
+    # PyYAML's scanner is quadratic in flow nesting up to its recursion error: about a
+    # second of CPU here, many on a loaded machine
+    deep = served.post(
+        "/admin/v1/config/validate", "operator", {"yaml": "[" * 5000 + "]" * 5000}, timeout=120
+    )
     assert deep.status_code == 200 and "nests too deep" in deep.json()["problems"][0]  # not a 500
     assert served.post("/admin/v1/config/validate", "auditor", {"yaml": good}).status_code == 403
     assert served.get("/admin/v1/config", "operator").json()["last_reload_error"] is None

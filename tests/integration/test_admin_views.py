@@ -135,7 +135,11 @@ def test_policy_cases_run_against_the_running_set(served: Served) -> None:
 def test_malformed_cases_are_a_400_naming_the_problem(
     served: Served, cases_yaml: str, named: str
 ) -> None:
-    answer = served.post("/admin/v1/policies/test", "security", {"cases_yaml": cases_yaml})
+    # the deep case: PyYAML's scanner is quadratic in flow nesting up to its recursion
+    # error, about a second of CPU here, many on a loaded machine
+    answer = served.post(
+        "/admin/v1/policies/test", "security", {"cases_yaml": cases_yaml}, timeout=120
+    )
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["code"] == "invalid_request" and named in error["message"]
