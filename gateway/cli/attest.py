@@ -16,6 +16,7 @@ import ssl
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.cli._logging import add_logging_flags, start_logging
 
@@ -110,6 +111,14 @@ def register(subparsers: Any) -> None:
         "reaches it gets countersignatures, each one traffic that bypassed the gateway to "
         "the audit (env OWNGATE_ATTEST_ALLOW_ANY_CLIENT=1); without it that is refused",
     )
+    add(
+        "--allow-remote-backend",
+        action="store_true",
+        default=_env("ALLOW_REMOTE_BACKEND", "") in ("1", "true", "yes"),
+        help="relay to a --backend that is not on loopback: the sidecar countersigns what "
+        "comes back over a hop it does not authenticate, from a server that need not be on "
+        "its host (env OWNGATE_ATTEST_ALLOW_REMOTE_BACKEND=1); without it that is refused",
+    )
     add_logging_flags(parser, "OWNGATE_ATTEST_")
     parser.set_defaults(handler=run)
 
@@ -141,6 +150,14 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name: it may resolve anywhere
         return False
+
+
+def _url_host(url: str) -> str:
+    """The host of a URL (`--backend`), "" when it has none or does not parse."""
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -176,6 +193,18 @@ def run(args: argparse.Namespace) -> int:
             "--client-ca (mutual TLS) anyone who reaches it gets countersignatures, which "
             "the audit reports as traffic that bypassed the gateway; give --client-ca, or "
             "--allow-any-client to serve any client on purpose",
+            file=sys.stderr,
+        )
+        return 2
+    backend_host = _url_host(args.backend)
+    if not (args.allow_remote_backend or _loopback(backend_host)):
+        print(
+            f"owngate attest: --backend {shown(backend_host or args.backend)} is not a loopback "
+            "address: the sidecar would countersign, as its host's, answers from a server "
+            "that need not run on its host, reached over a hop nothing authenticates (a "
+            "DNS or network attacker there serves what it likes, and reads every prompt); "
+            "run the server beside it on loopback (or in its pod or network namespace), or "
+            "give --allow-remote-backend to relay elsewhere on purpose",
             file=sys.stderr,
         )
         return 2

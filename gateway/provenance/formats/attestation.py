@@ -66,7 +66,9 @@ _SALTS_SIZE = 129
 _LOWER_HEX = b"0123456789abcdef"
 MAX_ENVELOPE = 4096  # a countersignature is ~600 bytes: anything longer is not one
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
-_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+# ASCII digits: `\d` in a str pattern is any Unicode digit (`٢٠٢٦`), which RFC 3339
+# readers refuse
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z")
 # A signed-note key id, `name+hexid`, as `str(Signer)` writes it: a name without blanks or
 # '+' (and nothing unprintable, bounded) and the 8 hex digits. Text from the wire that
 # reaches the gateway's log and the auditor's terminal: nothing else is a key.

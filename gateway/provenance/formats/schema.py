@@ -77,7 +77,9 @@ class Omittable:
 
 
 _NONEMPTY = re.compile(r"(?s).")
-_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\Z")
+# ASCII digits: `\d` in a str pattern is any Unicode digit (`٢٠٢٦`), which RFC 3339
+# readers refuse
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z")
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 _SPKI = re.compile(r"sha256//[A-Za-z0-9+/]{43}=\Z")  # as curl --pinnedpubkey writes a pin
 _BASE64 = re.compile(r"[A-Za-z0-9+/]{86}==\Z")  # an Ed25519 signature
