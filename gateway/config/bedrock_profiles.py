@@ -65,7 +65,7 @@ AWS_PREFIXES: Final = (
 # (`runtime.sagemaker.<region>.amazonaws.com`): their ARN's Region is where they go.
 REGION_ONLY_PREFIXES: Final = ("sagemaker/", "sagemaker_chat/", "sagemaker_nova/")
 # An AWS Region name (LiteLLM's `_VALID_AWS_REGION_PATTERN` takes these and more).
-AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-\d{1,2}")
+AWS_REGION: Final = re.compile(r"[a-z]{2}(?:-[a-z]+)+-[0-9]{1,2}")  # ASCII: `\d` is any digit
 # AWS's endpoint domains: IPv4 (`.amazonaws.com`, China's `.amazonaws.com.cn`) and
 # dual-stack (`bedrock-runtime.<region>.api.aws`).
 _AWS_DOMAINS: Final = ("amazonaws.com", "amazonaws.com.cn", "api.aws")

@@ -62,7 +62,7 @@ _AWS_DEFAULT: Final = "us-west-2"
 _VERTEX_VARIABLES: Final = ("VERTEXAI_LOCATION", "VERTEX_LOCATION")
 _VERTEX_DEFAULT: Final = "us-central1"
 # A regional Google Cloud location (`europe-west4`, `us-central1`, `me-central2`).
-_GCP_LOCATION: Final = re.compile(r"[a-z]+-[a-z]+\d{1,2}")
+_GCP_LOCATION: Final = re.compile(r"[a-z]+-[a-z]+[0-9]{1,2}")  # ASCII digits: `\d` is any digit
 
 
 def pinned_regions(
