@@ -87,3 +87,5 @@ def test_a_whole_answer_of_a_type_seen_before_is_not_parsed_or_held_through_wrap
     # The answer's declared length is held with one `Held.take`; the wrappers that word a
     # refusal run only when it is refused.
     assert "_cover" not in calls and "hold_answer" not in calls, calls
+    # No `100 Continue` was owed: the connection does not call in to find that out.
+    assert "RequestReader.send_continue" not in calls, calls
