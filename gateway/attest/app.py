@@ -1,29 +1,28 @@
 """The `owngate attest` relay in front of one inference server.
 
 Every POST is relayed to the backend with the gateway's own upstream client
-(`gateway/upstream/http.py`); the sidecar hashes the body it received and the body it
-sends back, commits to both with the salts the gateway passed in `x-owngate-salts`
-(`gateway/provenance/formats/commitments.py`, the same functions, so both sides compute
-the same digests from the same bytes) and countersigns the statement (`Notary`). The
-countersignature travels back as the `x-owngate-attest` header (a whole answer) or as a
-final SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the
-natural place, but few clients and proxies pass them on, and the gateway's own listener
-refuses them), always on a line of its own (after a last line the backend left unended,
-an LF goes first; after events with `id` fields an `id` line with no value: stream_end.py;
-both relayed and hashed as part of the body). The inference server's own
-`owngate-` comment lines are removed from a stream or a whole answer before it is hashed
-(gateway/sse_comments.py, as the gateway does), so the countersigned body is the one the
-gateway relays. Only an answer the gateway relays as one, a 2xx with a body, is
-countersigned (`relayed_status`, gateway/upstream/content_types.py): an error answer is
-not relayed as served, and the gateway records none; a 204, 205, 304 or redirect it
-refuses before its client sees a byte. Those are relayed whole, unsigned (a 204 or 304
-has no body, so no stream may follow its head). Nor is an answer the backend ended by
-closing the connection (no content-length, not chunked): a backend that died mid-answer
-ends it the same way, so the sidecar cannot tell that it is whole. Such a stream is
-relayed with that framing (ended by the sidecar closing), so the gateway reads it as it
-would without the sidecar (`[DONE]` or a broken stream). Nor is a stream with no body at
-all: the gateway takes a stream that ends before its first byte for a failure to try
-elsewhere, and the comment alone would be that first byte.
+(`gateway/upstream/http.py`); the sidecar hashes the body it received and the body it sends
+back, commits to both with the salts the gateway passed in `x-owngate-salts`
+(`gateway/provenance/formats/commitments.py`, the same functions, so both sides compute the
+same digests from the same bytes) and countersigns the statement (`Notary`). The
+countersignature travels back as the `x-owngate-attest` header (a whole answer) or as a final
+SSE comment line `: owngate-attest <base64>` (a stream: HTTP trailers would be the natural
+place, but few clients and proxies pass them on, and the gateway's own listener refuses them),
+always on a line of its own (after a last line the backend left unended, an LF goes first;
+after events with `id` fields an `id` line with no value: stream_end.py; both relayed and
+hashed as part of the body). The inference server's own `owngate-` comment lines are removed
+from a stream or a whole answer before it is hashed (gateway/sse_comments.py, as the gateway
+does), so the countersigned body is the one the gateway relays. Only an answer the gateway
+relays as one, a 2xx with a body, is countersigned (`relayed_status`,
+gateway/upstream/content_types.py): an error answer is not relayed as served, and the gateway
+records none; a 204, 205, 304 or redirect it refuses before its client sees a byte. Those are
+relayed whole, unsigned (a 204 or 304 has no body, so no stream may follow its head). Nor is
+an answer the backend ended by closing the connection (no content-length, not chunked): a
+backend that died mid-answer ends it the same way, so the sidecar cannot tell that it is
+whole. Such a stream is relayed with that framing (ended by the sidecar closing), so the
+gateway reads it as it would without the sidecar (`[DONE]` or a broken stream). Nor is a
+stream with no body at all: the gateway takes a stream that ends before its first byte for a
+failure to try elsewhere, and the comment alone would be that first byte.
 
 The sidecar takes answers in no content coding: its upstream client asks for identity on
 every request (the gateway's `accept-encoding` is not among the fields it forwards), and
@@ -31,19 +30,18 @@ an answer in another coding is refused, never decompressed nor countersigned: 50
 `upstream_error`. So is an answer below 400 of a content type the gateway does not relay
 (gateway/upstream/content_types.py: only an event stream or JSON, in UTF-8).
 
-A request without salts (not from a gateway: a client that bypassed it) gets fresh ones:
-it is countersigned and logged all the same, so the cross-check against the gateway's
-log shows it. Only what a gateway sends is relayed (`RELAYED`, the path before any
-query; a request with one is not one): POSTs to the three OpenAI endpoints,
-countersigned (the statement covers the body, and a gateway sends no query), and the
-GETs of its probes and scrapes (`/health`, `/metrics`, `/v1/models`, llama.cpp's
-`/props` and `/slots`), without a statement. The server behind the sidecar listens
-where only the sidecar reaches it, so any other path (a server's admin endpoints: SGLang's
-`/update_weights_from_disk`, vLLM's `/sleep`, llama.cpp's `POST /props` or slot saves)
-would be a way to change what the server serves, whose answers the sidecar would then
-countersign: 404. Other methods are refused (405): a gateway sends none, and the answer
-to a HEAD has no body whatever its content-length says, which the upstream client would
-wait for.
+A request without salts (not from a gateway: a client that bypassed it) gets fresh ones: it is
+countersigned and logged all the same, so the cross-check against the gateway's log shows it.
+Only what a gateway sends is relayed (`RELAYED`, the path before any query; a request with one
+is not one): POSTs to the three OpenAI endpoints, countersigned (the statement covers the
+body, and a gateway sends no query), and the GETs of its probes and scrapes (`/health`,
+`/metrics`, `/v1/models`, llama.cpp's `/props` and `/slots`), without a statement. The server
+behind the sidecar listens where only the sidecar reaches it, so any other path (a server's
+admin endpoints: SGLang's `/update_weights_from_disk`, vLLM's `/sleep`, llama.cpp's
+`POST /props` or slot saves) would be a way to change what the server serves, whose answers
+the sidecar would then countersign: 404. Other methods are refused (405): a gateway sends none,
+and the answer to a HEAD has no body whatever its content-length says, which the upstream
+client would wait for.
 
 A whole answer (not a stream) is held while it is read, hashed and written: the whole
 answers of all connections together are bounded (`--max-held-answer-bytes`, `answers`,
@@ -61,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -133,6 +132,7 @@ class AttestRelay:
         self._notary: Notary | None = None
         self._strip_reports = Tally()
         self.answers = BodyBudget()  # whole answers held at once, by all connections
+        self._relayed_kind = functools.lru_cache(maxsize=16)(relayed_kind)  # parsed once a type
         self._events = get_logger("owngate.attest")
         # Why the stop was not clean (`close`): `owngate attest` then exits 4.
         self.shutdown_error: str | None = None
@@ -234,7 +234,7 @@ class AttestRelay:
             content_type = response.header(b"content-type") or _JSON
             signed = relayed_status(response.status)  # else relayed whole, never signed
             # As the gateway tells a stream, and only a type it relays (content_types.py)
-            stream = relayed_kind(content_type) if signed else False
+            stream = self._relayed_kind(content_type) if signed else False
             if stream is None:  # the gateway would refuse it: never countersigned
                 raise GatewayError(ErrorCode.upstream_error, _UNRELAYED)
             if not stream:
@@ -371,7 +371,8 @@ class AttestRelay:
             # A length over the per-answer limit is read()'s to refuse (502, as before).
             size = int(announced) if announced and announced.isdigit() else -1
             if 0 <= size <= self._settings.max_body:
-                _cover(held, size)
+                if held.take(size) is not None:  # refused: `_cover` raises why
+                    _cover(held, size)
                 # All of it is held already (the framing ends the body at that length): no
                 # call per piece as it arrives; only a longer body would be counted after.
                 data = await response.read()

@@ -262,7 +262,8 @@ class Connection(RequestReader):
                 self.task = None
                 return
             if not self._pipeline:
-                self.send_continue()
+                if self.continue_owed:  # (a call per request only to find none owed)
+                    self.send_continue()
                 break
             request = self._pipeline.popleft()
             if not self._pipeline:

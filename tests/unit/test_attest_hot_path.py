@@ -74,3 +74,18 @@ def test_a_whole_answer_is_relayed_without_per_piece_budget_calls_or_wrappers(
     assert calls.count("Held.take") == 2, calls
     assert "AttestRelay._read.<locals>.<lambda>" not in calls
     assert "HttpPool.<lambda>" not in calls  # no default `withdrawn` asked per request
+
+
+def test_a_whole_answer_of_a_type_seen_before_is_not_parsed_or_held_through_wrappers(
+    tmp_path: Path,
+) -> None:
+    calls, answer = _second_request_calls(tmp_path)
+    assert b"\r\nx-owngate-attest: " in answer  # countersigned, as before
+    # The backend's content type was judged for the first answer: the rule's verdict is
+    # kept, not parsed again (a split, a regular expression and a generator per answer).
+    assert "relayed_kind" not in calls, calls
+    # The answer's declared length is held with one `Held.take`; the wrappers that word a
+    # refusal run only when it is refused.
+    assert "_cover" not in calls and "hold_answer" not in calls, calls
+    # No `100 Continue` was owed: the connection does not call in to find that out.
+    assert "RequestReader.send_continue" not in calls, calls

@@ -42,7 +42,7 @@ class _Log:
     def append_soon(
         self, record: dict[str, Any], *, checked: bool, encoded: bytes = b""
     ) -> asyncio.Future[Any]:
-        assert checked
+        assert checked and encoded  # the record is its encoding: `record` is not read
         self.records.append(record)
         self.encoded.append(encoded)
         return self._loop.create_future()
@@ -123,9 +123,10 @@ def _check(
             response_commitment,
         )
         assert envelope == sign_statement(statement, signer)  # Ed25519 is deterministic
-        assert log.records[number] == statement.record()
-        # the statement is encoded once: the log is handed the bytes that were signed
+        # the statement is encoded once: the log is handed the bytes that were signed, the
+        # record's canonical JSON, which it logs as given (no record dict is built for it)
         assert log.encoded[number] == statement.payload()
+        assert json.loads(log.encoded[number]) == statement.record()
         assert open_countersignature(envelope).statement == statement
 
 
