@@ -120,7 +120,7 @@ class GatewayProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 60.0) -> GatewayProcess:
+    def start(self, timeout_s: float = 120.0) -> GatewayProcess:
         """Start it (again: the output files start over) and wait until it is ready."""
         with (
             (self.directory / "stdout.log").open("wb") as out,
