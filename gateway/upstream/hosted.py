@@ -37,6 +37,7 @@ from gateway.upstream.hosted_errors import (
     local_reason,
 )
 from gateway.upstream.hosted_finish import Unfinished, relabel, short_of, unfinished
+from gateway.upstream.hosted_handoff import guarding_handoffs
 from gateway.upstream.hosted_prepare import Prepared, prepare_request
 from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
@@ -251,7 +252,9 @@ class HostedClient:
             async with asyncio.timeout_at(head_by) as deadline:
                 if head_by != by:  # on this loop, or from LiteLLM's worker thread
                     outbound.on_head = deadline_mover(deadline, by)
-                with lending(lent):
+                # a request LiteLLM built in its worker thread for a call that ended
+                # meanwhile is closed, not left unawaited (hosted_handoff.py)
+                with lending(lent), guarding_handoffs():
                     return await call(**params, **options)
         except Exception as exc:  # noqa: BLE001 - every LiteLLM failure becomes a HostedError
             failure = self._failure(exc, outbound)

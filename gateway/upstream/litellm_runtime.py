@@ -133,6 +133,7 @@ from typing import Any, Final
 from gateway.logs import get_logger
 from gateway.upstream.anthropic_deltas import install_delta_bound
 from gateway.upstream.anthropic_stops import install_stop_reasons
+from gateway.upstream.hosted_handoff import install_handoff_guard
 from gateway.upstream.hosted_libraries import (
     install_botocore_rules,
     install_hosted_roots,
@@ -272,6 +273,7 @@ def load_litellm() -> ModuleType:
     install_stream_stops()  # a stream's finish reason: the provider's, none for a failure
     install_stream_bound()  # a stream's wrapper keeps 13 chunks at most
     install_text_client_default()  # a bridged text completion: the gateway's client, closed
+    install_handoff_guard()  # its request built for a call that ended meanwhile: closed
     install_delta_bound()  # an Anthropic stream's parser: two deltas a block, no thinking
     install_stop_reasons()  # ... and no finish reason for a paused (or unknown) stop
     for module in _FIRST_CALL_MODULES:  # here, not beside the first call's traffic
