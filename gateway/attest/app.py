@@ -39,9 +39,8 @@ body, and a gateway sends no query), and the GETs of its probes and scrapes (`/h
 behind the sidecar listens where only the sidecar reaches it, so any other path (a server's
 admin endpoints: SGLang's `/update_weights_from_disk`, vLLM's `/sleep`, llama.cpp's
 `POST /props` or slot saves) would be a way to change what the server serves, whose answers
-the sidecar would then countersign: 404. Other methods are refused (405): a gateway sends none,
-and the answer to a HEAD has no body whatever its content-length says, which the upstream
-client would wait for.
+the sidecar would then countersign: 404. Other methods are refused (405): a gateway sends
+none, and a HEAD's answer has no body whatever its content-length says (the client waits).
 
 A whole answer (not a stream) is held while it is read, hashed and written: the whole
 answers of all connections together are bounded (`--max-held-answer-bytes`, `answers`,

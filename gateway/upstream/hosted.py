@@ -43,11 +43,8 @@ from gateway.upstream.hosted_response import HostedResponse, provider_ids
 from gateway.upstream.hosted_stream import ProviderStream, close_stream, encoded, made_up_end
 from gateway.upstream.hosted_support import SupportTable
 from gateway.upstream.hosted_transport import Outbound, deadline_mover, watching
-from gateway.upstream.litellm_runtime import (
-    aclose_litellm_clients,
-    check_base_url_environment,
-    no_redirect_http_client,
-)
+from gateway.upstream.litellm_clients import no_redirect_http_client
+from gateway.upstream.litellm_runtime import aclose_litellm_clients, check_base_url_environment
 from gateway.upstream.media_urls import Resolver, tenant_resolver
 from gateway.upstream.openai_wire import Endpoint
 from gateway.upstream.provider_regions import pinned_regions

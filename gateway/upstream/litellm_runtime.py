@@ -146,6 +146,7 @@ from gateway.upstream.hosted_transport import (
     install_call_routes,
     install_transport_marks,
 )
+from gateway.upstream.litellm_clients import refuse_redirects
 from gateway.upstream.provider_environment import check_base_url_environment
 from gateway.upstream.responses_bridge import install_unstored_bridge
 from gateway.upstream.stream_stops import install_stream_stops
@@ -157,7 +158,6 @@ __all__ = [
     "aload_litellm",
     "check_base_url_environment",
     "load_litellm",
-    "no_redirect_http_client",
     "preload_litellm",
 ]
 
@@ -258,7 +258,7 @@ def load_litellm() -> ModuleType:
         setattr(litellm, name, value)
     for name in _CALLBACK_LISTS:
         setattr(litellm, name, [])
-    _refuse_redirects()
+    refuse_redirects()
     _count_hosted_connections()
     _proxy_per_call()  # a backend's `proxy`, not the environment's
     install_call_routes()  # every httpx client of a hosted call: the same, no env mounts
@@ -289,35 +289,6 @@ def load_litellm() -> ModuleType:
     return litellm
 
 
-def _refuse_redirects() -> None:
-    """Make the HTTP clients LiteLLM creates stop at a redirect (see the module's notes)."""
-    handlers = importlib.import_module("litellm.llms.custom_httpx.http_handler")
-    for handler in (handlers.AsyncHTTPHandler, handlers.HTTPHandler):
-        create = handler.create_client
-        if getattr(create, "_owngate_no_redirects", False):
-            continue
-
-        @functools.wraps(create)
-        def create_client(self: Any, *args: Any, _create: Any = create, **kwargs: Any) -> Any:
-            self.follow_redirects = False
-            return _direct(_no_redirects(_create(self, *args, **kwargs)))
-
-        create_client._owngate_no_redirects = True  # type: ignore[attr-defined]
-        handler.create_client = create_client
-    openai_llm = importlib.import_module("litellm.llms.openai.common_utils").BaseOpenAILLM
-    for name in ("_get_async_http_client", "_get_sync_http_client"):
-        make = getattr(openai_llm, name)
-        if getattr(make, "_owngate_no_redirects", False):
-            continue
-
-        @functools.wraps(make)
-        def make_client(*args: Any, _make: Any = make, **kwargs: Any) -> Any:
-            return _direct(_no_redirects(_make(*args, **kwargs)))
-
-        make_client._owngate_no_redirects = True  # type: ignore[attr-defined]
-        setattr(openai_llm, name, staticmethod(make_client))
-
-
 def _proxy_per_call() -> None:
     """Make LiteLLM's aiohttp transport send a request through the proxy of the hosted
     call it belongs to (the backend's `proxy`, `call_proxy`), never the environment's."""
@@ -331,34 +302,6 @@ def _count_hosted_connections() -> None:
     counted = importlib.import_module("gateway.upstream.hosted_sockets").CountedConnector
     handlers = importlib.import_module("litellm.llms.custom_httpx.http_handler")
     setattr(handlers, "TCPConnector", counted)  # noqa: B010 - a module global it reads
-
-
-def _no_redirects(client: Any) -> Any:
-    """`client` (an httpx client, or None: the SDK's default, made by it), set to stop at a
-    redirect."""
-    if client is not None:
-        client.follow_redirects = False
-    return client
-
-
-def _direct(client: Any) -> Any:
-    """`client` (an httpx client, or None) without the proxies httpx mounted from the
-    environment when it was made (a client without its own transport, or LiteLLM's
-    `create_httpx_proxy_mounts`): every request on its own transport, to the URL's host."""
-    if client is not None and getattr(client, "_mounts", None):
-        client._mounts = {}  # httpx 0.28: the env's proxy (and NO_PROXY) routes, by pattern
-    return client
-
-
-def no_redirect_http_client() -> Any:
-    """An httpx client for an OpenAI SDK client that does not follow redirects, over
-    LiteLLM's aiohttp transport: its connections are counted as LiteLLM's own are
-    (httpx's pool would keep up to 100 idle ones uncounted)."""
-    import httpx  # loaded with LiteLLM already (the SDK takes its clients as httpx2's)
-
-    handlers = importlib.import_module("litellm.llms.custom_httpx.http_handler")
-    transport = handlers.AsyncHTTPHandler.create_aiohttp_transport()
-    return httpx.AsyncClient(transport=transport, follow_redirects=False)
 
 
 async def aload_litellm() -> ModuleType:
