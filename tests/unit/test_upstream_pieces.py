@@ -9,12 +9,15 @@ between two pieces."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
 from gateway.upstream.connection import _Connection
 from gateway.upstream.response import UpstreamResponse
+from tests.helpers.python_calls import by_qualname, python_calls
 from tests.helpers.waiting import until_async
 
 # The most of a read handed on at once (`PIECE` in gateway/upstream/response.py).
@@ -145,3 +148,51 @@ def test_a_piece_ends_after_an_event_within_its_bound() -> None:
     assert b"".join(pieces) == read
     assert all(piece.endswith(b"\n\n") for piece in pieces)
     assert all(len(piece) > PIECE - len(event) for piece in pieces[:-1])
+
+
+def _own_calls(run: Callable[[], object]) -> list[str]:
+    """The response's own Python calls while `run()` runs."""
+    calls = python_calls(run, by_qualname)
+    return [name for name in calls if name.startswith(("UpstreamResponse.", "ReadWait."))]
+
+
+def test_a_read_within_a_piece_costs_a_stream_s_consumer_no_python_call_more() -> None:
+    """A paced stream's every read is within `PIECE`: handed on whole, with no Python call
+    more than before reads were cut (issue 16 counts the CPU of each relayed chunk): by
+    `chunks(stream=True)` (the sidecar's stream relay, the gateway's first chunk and its
+    relay without a direct writer) as by `chunks()`, and by the pump from its buffer."""
+    event = b'data: {"a": 1}\n\n'
+    read = b"%x\r\n%b\r\n" % (len(event), event)
+    loop = asyncio.new_event_loop()
+    try:
+        taken: dict[bool, list[str]] = {}
+        for stream in (False, True):
+            conn, response, _ = _connection()
+            chunks = response.chunks(stream=stream)
+            conn.data_received(read)
+            assert loop.run_until_complete(anext(chunks)) == event
+            conn.data_received(read)  # the next read, taken as a stream's every read is
+            step = anext(chunks)  # (no Python frame of the response's)
+            taken[stream] = _own_calls(functools.partial(loop.run_until_complete, step))
+            loop.run_until_complete(chunks.aclose())
+        assert taken[True] == taken[False], taken
+
+        conn, response, _ = _connection()
+        conn.data_received(read + b"0\r\n\r\n")  # buffered before the pump takes it
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> bool:
+            got.append(data)
+            return True
+
+        pumped = _own_calls(lambda: loop.run_until_complete(response.pump(sink, _ready)))
+        assert got == [event]
+        assert pumped[:5] == [
+            "UpstreamResponse.pump",
+            "UpstreamResponse.loop",
+            "UpstreamResponse._take",
+            "UpstreamResponse._ended",
+            "UpstreamResponse.release",
+        ], pumped
+    finally:
+        loop.close()
