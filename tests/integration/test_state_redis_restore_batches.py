@@ -27,7 +27,9 @@ from tests.helpers.waiting import until_async
 
 pytestmark = pytest.mark.redis
 
-LIMITS = TenantLimits(requests_per_minute=4)  # one request: 15 s of the budget
+# one request: 30 s of the budget (two fit in its minute), so a loaded machine (the
+# spending alone took over 10 s at load 20) does not age a budget out of the ranges below
+LIMITS = TenantLimits(requests_per_minute=2)
 KEYS = RedisKeys("test")
 FIXED = 3  # RESTORE's keys before the rate keys: leases, epoch, restored
 BATCH = 256  # the most rate keys a RESTORE call sends by default (docs/state.md)
@@ -66,7 +68,7 @@ async def _ahead_s(raw: aioredis.Redis, tenants: list[str]) -> list[float]:
 
 
 async def _spend(states: list[RedisState], tenants: list[str]) -> None:
-    """One request of each tenant through each replica (15 s of budget each)."""
+    """One request of each tenant through each replica (30 s of budget each)."""
     for state in states:
         for tenant in tenants:
             await state.acquire(tenant, LIMITS)
@@ -98,7 +100,7 @@ def test_a_restore_of_20000_tenants_is_many_bounded_calls(redis_server: RedisSer
                 ahead = await _ahead_s(raw, tenants)
             finally:
                 await raw.aclose()
-            assert all(5 < s <= 15 for s in ahead), (min(ahead), max(ahead))
+            assert all(10 < s <= 30 for s in ahead), (min(ahead), max(ahead))
         finally:
             await state.close()
 
@@ -143,8 +145,8 @@ def test_a_run_cut_off_by_failed_calls_is_finished_once(redis_server: RedisServe
             assert calls[3] == calls[2]  # the batch whose reply was lost, sent again
             assert len(calls) == 11
             ahead = await _ahead_s(raw, tenants)
-            # 15 s each, once: the batch sent twice was not added twice (30 s)
-            assert all(5 < s <= 15 for s in ahead), (min(ahead), max(ahead))
+            # 30 s each, once: the batch sent twice was not added twice (60 s)
+            assert all(10 < s <= 30 for s in ahead), (min(ahead), max(ahead))
         await raw.aclose()
 
     asyncio.run(scenario())
@@ -193,9 +195,9 @@ def test_a_replica_dying_half_way_claims_only_what_it_added(
             ahead = await _ahead_s(raw, tenants)
             for tenant, s in zip(tenants, ahead, strict=True):
                 if KEYS.requests(tenant) in added:
-                    assert 20 < s <= 30, (tenant, s)  # a's part and b's
+                    assert 40 < s <= 60, (tenant, s)  # a's part and b's
                 else:
-                    assert 5 < s <= 15, (tenant, s)  # b's alone
+                    assert 10 < s <= 30, (tenant, s)  # b's alone
             mark = text(await raw.hget(KEYS.restored, "replica-a") or b"")
             epoch = text(await raw.get(KEYS.epoch) or b"")
             assert mark.startswith(epoch + "|") and mark.endswith(f"|{2 * batch}"), mark
@@ -251,7 +253,7 @@ def test_two_replicas_restoring_at_once_add_each_part_once(
             switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
             assert switches >= 4, order  # the runs did interleave
             ahead = await _ahead_s(raw, tenants)
-            assert all(20 < s <= 30 for s in ahead), (min(ahead), max(ahead))
+            assert all(40 < s <= 60 for s in ahead), (min(ahead), max(ahead))
         await raw.aclose()
 
     asyncio.run(scenario())
@@ -293,7 +295,7 @@ def test_redis_losing_its_data_again_mid_run_starts_the_run_over(
             assert firsts == [0, 100, 0, 100, 200, 300, 400], firsts
             assert flushed and await raw.get(KEYS.epoch) not in (None, flushed[0])
             ahead = await _ahead_s(raw, tenants)
-            assert all(5 < s <= 15 for s in ahead), (min(ahead), max(ahead))
+            assert all(10 < s <= 30 for s in ahead), (min(ahead), max(ahead))
         await raw.aclose()
 
     asyncio.run(scenario())
@@ -331,8 +333,8 @@ def test_redis_losing_its_data_after_the_last_batch_restores_again(
 
             await until_async(leased_after_flush, "a lease after the second loss", timeout=60)
             ahead = await _ahead_s(raw, tenants)
-            # 15 s each, once, in the Redis that lost its data the second time
-            assert all(5 < s <= 15 for s in ahead), (min(ahead), max(ahead))
+            # 30 s each, once, in the Redis that lost its data the second time
+            assert all(10 < s <= 30 for s in ahead), (min(ahead), max(ahead))
         await raw.aclose()
 
     asyncio.run(scenario())
