@@ -27,11 +27,14 @@ deployments tagged so, perhaps another region's, router_strategy/tag_based_routi
 `_routing_request_tags` (read before `tags`), `inherited_tags` (taken as the key's and
 team's own tag policy), `deployment`, `model_group`, `model_info` and the routers'
 recorded decisions; others turn its caching or guardrails (`enable_prompt_caching`,
-`disable_global_guardrails`, `opted_out_global_guardrails`, `litellm_disabled_callbacks`).
+`disable_global_guardrails`, `opted_out_global_guardrails`, `litellm_disabled_callbacks`),
+run a guardrail the client names (`guardrails`: its service gets the prompt) or answer
+from another cache (`redis_namespace`, `caching_groups`).
 The policy admitted the backend, not whatever the router behind it picks from such keys:
 they are refused for a `kind: openai` backend as the hosted rule's fields are (`metadata.
 tags`; before, they reached it as sent), in a `metadata` of any case (`"Metadata"`: a
-router in Go reads it as `metadata`). Other `metadata` keys pass, as the API has them.
+router in Go reads it as `metadata`), on every endpoint (its Router routes an embedding
+by `tags` too). Other `metadata` keys pass, as the API has them.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ ROUTER_METADATA: Final = (
     "disable_global_guardrails",
     "opted_out_global_guardrails",
     "litellm_disabled_callbacks",
+    # a guardrail the client asks for (by name, or with its own `extra_body`): its service
+    # gets the prompt (`CustomGuardrail.get_guardrail_from_metadata`), as a callback's does
+    "guardrails",
+    # an answer from another cache: another namespace's keys, another model group's
+    # answers (caching/caching.py, `_add_namespace_to_cache_key`, `_get_caching_group`)
+    "redis_namespace",
+    "caching_groups",
 )
 
 __all__ = ["ROUTER_METADATA", "RouterFields", "private_refusal"]
@@ -95,13 +105,16 @@ class RouterFields:
     attempt comes (most requests never reach one, and a chat body's walk for cache
     markers is linear in its size)."""
 
-    __slots__ = ("_doc", "_judged", "_refused")
+    __slots__ = ("_doc", "_judged", "_provider_actions", "_refused")
 
     def __init__(self, doc: Mapping[str, Any], endpoint: str) -> None:
         self._doc = doc
         # The hosted rule's fields are chat fields, and a text completion's too: LiteLLM's
         # `text_completion` passes the body's other fields on to `completion()` as sent.
-        self._judged = endpoint not in _JUDGED
+        # The router's `metadata` keys are judged on every endpoint: its Router picks an
+        # embedding's deployment by them too (`aembedding`, tag-based routing).
+        self._provider_actions = endpoint in _JUDGED
+        self._judged = False
         self._refused: GatewayError | None = None
 
     def refusal(self, backend: BackendState) -> GatewayError | None:
@@ -111,8 +124,9 @@ class RouterFields:
         if not self._judged:
             self._judged = True
             try:
-                refuse_provider_actions(self._doc)
-                _refuse_other_cases(self._doc)
+                if self._provider_actions:
+                    refuse_provider_actions(self._doc)
+                    _refuse_other_cases(self._doc)
                 _refuse_router_metadata(self._doc)
             except RefusedField as exc:
                 self._refused = GatewayError(

@@ -80,6 +80,7 @@ class Attempt:
         "_clipped",
         "_clock",
         "_epoch",
+        "_first_byte",
         "_judged",
         "_prefilling",
         "_probe",
@@ -118,6 +119,7 @@ class Attempt:
         self._tenant_probe = False
         self._judged = False  # whether the breaker heard how this attempt went
         self._clipped = False  # its first-byte wait was cut short by the deadline
+        self._first_byte = False  # that wait is over: its first byte (or headers) came
         self._prefilling = 0  # prompt tokens it added to its backend's prefill count
         # Takes it off its backend's in-flight count (the router's, set as it is yielded).
         self.leaving: Callable[[BackendState], None] | None = None
@@ -170,8 +172,10 @@ class Attempt:
 
     def cut_short(self, kind: str) -> bool:
         """Whether a failure of `kind` is a timeout the request's failover deadline caused
-        (its first-byte wait cut short): no verdict on the backend, and not unavailable."""
-        return kind == "timeout" and self._clipped
+        (its first-byte wait cut short, and still waiting): no verdict on the backend, and
+        not unavailable. A timeout once the first byte came (a whole answer that stopped
+        mid-body, `read_timeout_s`) is another timer's: the backend's failure."""
+        return kind == "timeout" and self._clipped and not self._first_byte
 
     def sending(self, body_bytes: int) -> None:
         """The request (`body_bytes` long) goes out: count its prefill at the backend."""
@@ -180,6 +184,7 @@ class Attempt:
 
     def first_byte(self) -> None:
         """The backend's first byte (or a whole answer): its prefill is over."""
+        self._first_byte = True
         self.backend.prefilling -= self._prefilling
         self._prefilling = 0
 

@@ -228,6 +228,11 @@ ROUTED: list[tuple[dict[str, Any], str]] = [
     ({"metadata": {"inherited_tags": ["eu-deployment"]}}, "metadata.inherited_tags"),
     ({"metadata": {"_routing_request_tags": ["eu"]}}, "metadata._routing_request_tags"),
     ({"metadata": {"disable_global_guardrails": True}}, "metadata.disable_global_guardrails"),
+    # a guardrail the client names: its service gets the prompt (with the client's
+    # `extra_body`); an answer from another cache namespace or model group's cache
+    ({"metadata": {"guardrails": [{"g": {"extra_body": {"x": 1}}}]}}, "metadata.guardrails"),
+    ({"metadata": {"redis_namespace": "team-b"}}, "metadata.redis_namespace"),
+    ({"metadata": {"caching_groups": [["m", "gpt-4o"]]}}, "metadata.caching_groups"),
     # `metadata` in another case: a router in Go reads it as `metadata`, and the last
     # match over an exact one ahead of it
     ({"Metadata": {"tags": ["eu-deployment"]}}, "metadata.tags"),
@@ -268,6 +273,48 @@ def test_a_provider_action_is_refused_for_a_private_router(
         "owngate/hosted_request",
     )
     assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "param"),
+    [
+        ({"tags": ["us-deployment"]}, "metadata.tags"),
+        ({"guardrails": ["g"]}, "metadata.guardrails"),
+    ],
+)
+def test_router_metadata_on_an_embedding_is_refused_for_a_private_router(
+    router: tuple[Gateway, Sim], tmp_path: Path, metadata: dict[str, Any], param: str
+) -> None:
+    """A LiteLLM proxy's Router picks an embedding's deployment by `metadata.tags` as it
+    does a chat's (`aembedding`: tag-based routing), and runs the guardrails it names.
+    Before, only chat and text completions were judged: an embedding's reached it."""
+    gateway, sim = router
+    refused = httpx.post(
+        f"{gateway.url}/v1/embeddings",
+        content=orjson.dumps({"model": "m", "input": "hi", "metadata": metadata}),
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["param"]) == ("upstream_bad_request", param)
+    assert sim.app.captured("/v1/embeddings") == []
+    request_id = refused.headers["x-request-id"]
+    assert {r["type"] for r in request_records(tmp_path / "log", request_id)} == {"refusal"}
+
+
+def test_an_embedding_still_reaches_a_private_router(router: tuple[Gateway, Sim]) -> None:
+    # the hosted rule's chat fields are not an embedding's: `store` passes as before
+    gateway, sim = router
+    body = {"model": "m", "input": "hi", "metadata": {"topic": "x"}, "store": True}
+    answer = httpx.post(
+        f"{gateway.url}/v1/embeddings",
+        content=orjson.dumps(body),
+        headers={**gateway.headers, "content-type": "application/json"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    assert orjson.loads(sim.app.captured("/v1/embeddings")[-1].body) == body
 
 
 def test_a_provider_action_passes_a_router_to_reach_an_inference_server(

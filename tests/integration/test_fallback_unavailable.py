@@ -8,6 +8,7 @@ the hosted one is a simulator reached through LiteLLM, so nothing leaves loopbac
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.helpers.provenance import records
 from tests.helpers.raw_backend import (
     ERROR_BODY,
     Answer,
+    Post,
     RawBackend,
     completion_body,
     json_answer,
@@ -183,3 +185,54 @@ def test_a_private_backend_the_failover_deadline_cut_short_is_not_unavailable(
     assert response.status_code == 504, response.text
     assert response.json()["error"]["code"] == "upstream_timeout"
     assert len(raw.posts) == 1
+
+
+def held_answer(release: threading.Event) -> Answer:
+    """Headers and half the body of a whole completion at once, then nothing until
+    `release` (60 s at most): a backend that hangs mid-answer."""
+    body = completion_body("private")
+
+    async def answer(writer: asyncio.StreamWriter, _post: Post) -> bool:
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+        writer.write(head % len(body) + body[: len(body) // 2])
+        await writer.drain()
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
+        return False
+
+    return answer
+
+
+def test_a_backend_that_hangs_after_its_headers_is_unavailable_whatever_the_deadline(
+    start_raw: Callable[[Answer], RawBackend],
+    start_sim: Callable[..., Sim],
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+) -> None:
+    """The deadline (60 s) is under the first-byte timeout (120 s), so the attempt's wait
+    for its headers is cut short, but the headers come at once: the deadline took nothing
+    from this attempt. Its whole answer then stops mid-body past `read_timeout_s` (1 s):
+    the backend failed, which `when_private_unavailable` falls back from (the deadline has
+    not passed). Before, any timeout of an attempt whose first-byte wait had been cut short
+    came to "out of time" (504, no fallback, no breaker verdict), whatever timer fired."""
+    release = threading.Event()
+    raw = start_raw(held_answer(release))
+    hosted = start_sim("vllm", models=("m",), zero_latency=True)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "policy.yaml").write_text(POLICY)
+    gateway = start_gateway(
+        [backend("a", raw.url, "m", **EU_ZERO), hosted_backend("hosted", f"{hosted.url}/v1", "m")],
+        policy={"paths": [str(policies)]},
+        routing={"failover": {"deadline_s": 60}},
+        limits={"read_timeout_s": 1.0},
+        environ={"HOSTED_KEY": "k"},
+    )
+    url = f"{gateway.url}/v1/chat/completions"
+    whole = {**CHAT, "stream": False}  # a whole answer: nothing reaches the client before its end
+    try:
+        response = httpx.post(url, json=whole, headers=gateway.headers, timeout=90)
+    finally:
+        release.set()
+    assert len(raw.posts) == 1
+    assert response.status_code == 200, response.text
+    assert served(hosted) == 1, response.text

@@ -173,7 +173,9 @@ def test_every_body_key_litellms_proxy_routes_a_call_by_is_refused() -> None:
     assert spec is not None and spec.origin is not None
     source = (Path(spec.origin).parent / "proxy" / "route_llm_request.py").read_text()
     keys = set(re.findall(r'"([A-Za-z_]+)" (?:not )?in data(?=[\s:)])', source))  # top level
-    assert {"user_config", "router_settings_override"} <= keys  # the source was read
+    # ... and read without a membership test (`data.get("fastest_response")`, `data.pop(...)`)
+    keys |= set(re.findall(r'\bdata(?:\.get\(|\.pop\(|\[)"([A-Za-z_]+)"', source))
+    assert {"user_config", "router_settings_override", "fastest_response"} <= keys  # read
     # the OpenAI model and metadata (the API's); Gemini's native request's `config`
     passing = {"model", "metadata", "generationConfig", "config"}
     assert sorted(k for k in keys - passing if not _refused(k)) == []
