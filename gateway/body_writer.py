@@ -197,7 +197,10 @@ class BodyWriter:
         listener's `HeadCoalescer` again (`ready` set it aside; it holds nothing now), so
         that what `send` still writes (the stream's end, an error event, a last flushed
         piece) to a connection reset and not yet told is dropped and the client marked
-        gone (`mark_lost`), where the connection's own transport raised (uvloop)."""
+        gone (`mark_lost`), where the connection's own transport raised (uvloop). It is
+        also what makes the stream's wait (`taken`) true: the chunks written past the
+        coalescer went uncounted (`ConnectionLoss`), and only the end, counted after
+        them, ends the stream past the count a look at an empty buffer saw taken."""
         cycle = self._cycle()
         if cycle is not None and self._guard is not None:
             cycle.transport, self._guard = self._guard, None  # type: ignore[assignment]

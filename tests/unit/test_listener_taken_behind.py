@@ -93,3 +93,70 @@ def test_an_answer_taken_whole_is_taken_with_a_refusal_unread_behind_it() -> Non
 
     taken = asyncio.run(_first_taken_behind(b"NOT HTTP\r\n\r\n", refused))
     assert taken == [True]
+
+
+class _Stream:
+    """Answers one stream: its head and first chunk through `send`, then (once `go` is set)
+    chunks written past the coalescer (`BodyWriter.ready` gave the cycle the connection's
+    own transport), then its end through `send` again (`guard`), as the private relay
+    does (gateway/api/stream_relay.py); then waits for it to be taken."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.started = self.ended = False
+        self.past_coalescer = False
+        self.taken: list[bool] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        writer = body_writer(scope)
+        assert writer is not None
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        self.started = True
+        await self.go.wait()
+        assert writer.ready()
+        cycle = writer.cycle_ref()
+        self.past_coalescer = cycle is not None and isinstance(cycle.transport, _Kernel)
+        for _ in range(10):
+            writer.write(b"y" * 100)
+        writer.guard()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.ended = True
+        self.taken.append(await writer.taken())
+
+
+async def _stream_unread_past_coalescer() -> tuple[_Stream, bool]:
+    """A stream whose head and first chunk the kernel took before its relay looked
+    (`ready`: an empty buffer, every earlier byte taken); its later chunks, uncounted,
+    and its end stay unread; a wait's look, then a reset: the stream's wait says, and
+    whether it said taken before the reset."""
+    transport = _Kernel()
+    stream = _Stream()
+    protocol = listener_protocol(stream)
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol.data_received(GET)
+    await until_async(lambda: stream.started, "the stream started", timeout=10)
+    await until_async(lambda: bool(transport.buffer), "its first chunk written", timeout=10)
+    transport.take(len(transport.buffer))  # head and first chunk: the kernel's
+    stream.go.set()
+    await until_async(lambda: stream.ended, "the stream ended", timeout=10)
+    looks = transport.looks
+    await until_async(  # (or its answer: said at its first look)
+        lambda: bool(stream.taken) or transport.looks > looks, "a wait's look", timeout=10
+    )
+    early = bool(stream.taken)
+    protocol.connection_lost(ConnectionResetError())
+    await asyncio.wait_for(asyncio.gather(*protocol.tasks), 10)
+    return stream, early
+
+
+def test_a_stream_whose_uncounted_chunks_are_unread_is_not_taken() -> None:
+    """The count (`ConnectionLoss.sent`) skips a stream's chunks written past the coalescer;
+    what keeps its wait true is that the stream's end goes through the coalescer again
+    (`BodyWriter.guard`), counted after them. Written past it too, the end was at the count
+    a look at the empty buffer had seen taken: the wait said taken at once, its chunks and
+    end unread (200 for a stream the client never got the end of)."""
+    stream, early = asyncio.run(_stream_unread_past_coalescer())
+    assert stream.past_coalescer, "the chunks went through the coalescer: nothing tested"
+    assert not early and stream.taken == [False], stream.taken
