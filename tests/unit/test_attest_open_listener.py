@@ -15,33 +15,25 @@ from pathlib import Path
 
 import pytest
 
-import gateway.serving
 from gateway.cli.main import main
+from tests.helpers.attest_cli import MISSING_TLS, checks_only
 
 _BASE = ["attest", "--backend", "http://127.0.0.1:8000", "--key", "k", "--log", "l"]
-# TLS files that do not exist: a command that passed the listener check stops at them
-# (exit 1) before it binds a port or opens its key.
-_TLS = ["--tls-cert", "missing.pem", "--tls-key", "missing-key.pem"]
-
-
-def _never_bound(host: str, port: int) -> None:
-    raise OSError("no port is bound in this test")
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # A command past every check would bind the address (0.0.0.0 among them): it stops
-    # there instead, exit 1 ("cannot listen"), which no refusal here is.
-    monkeypatch.setattr(gateway.serving, "bind_socket", _never_bound)
-    for name in ("LISTEN", "TLS_CERT", "TLS_KEY", "CLIENT_CA", "CLIENT_PIN", "ALLOW_ANY_CLIENT"):
-        monkeypatch.delenv(f"OWNGATE_ATTEST_{name}", raising=False)
-    monkeypatch.chdir(tmp_path)
+    checks_only(
+        monkeypatch,
+        tmp_path,
+        ("LISTEN", "TLS_CERT", "TLS_KEY", "CLIENT_CA", "CLIENT_PIN", "ALLOW_ANY_CLIENT"),
+    )
 
 
 @pytest.mark.parametrize(
     "listen", ["0.0.0.0:8101", "[::]:8101", "10.0.3.7:8101", "gpu-fra-1.internal:8101"]
 )
-@pytest.mark.parametrize("tls", [[], _TLS], ids=["plain", "tls"])
+@pytest.mark.parametrize("tls", [[], MISSING_TLS], ids=["plain", "tls"])
 def test_a_sidecar_others_reach_without_client_certificates_is_refused(
     listen: str, tls: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,7 +57,7 @@ def test_a_sidecar_others_reach_without_client_certificates_is_refused(
 def test_loopback_mutual_tls_or_the_explicit_flag_pass_the_check(
     listen: str, extra: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([*_BASE, "--listen", listen, *_TLS, *extra]) == 1
+    assert main([*_BASE, "--listen", listen, *MISSING_TLS, *extra]) == 1
     assert "TLS files not usable" in capsys.readouterr().err
 
 
@@ -73,7 +65,7 @@ def test_the_flag_has_its_environment_default(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OWNGATE_ATTEST_ALLOW_ANY_CLIENT", "1")
-    assert main([*_BASE, "--listen", "10.0.3.7:8101", *_TLS]) == 1
+    assert main([*_BASE, "--listen", "10.0.3.7:8101", *MISSING_TLS]) == 1
     assert "TLS files not usable" in capsys.readouterr().err
     monkeypatch.setenv("OWNGATE_ATTEST_ALLOW_ANY_CLIENT", "0")
-    assert main([*_BASE, "--listen", "10.0.3.7:8101", *_TLS]) == 2
+    assert main([*_BASE, "--listen", "10.0.3.7:8101", *MISSING_TLS]) == 2

@@ -16,25 +16,19 @@ from pathlib import Path
 
 import pytest
 
-import gateway.serving
 from gateway.cli.main import main
+from tests.helpers.attest_cli import MISSING_TLS, checks_only
 
 _REST = ["--key", "k", "--log", "l", "--listen", "127.0.0.1:8101"]
-# TLS files that do not exist: a command that passed the backend check stops at them
-# (exit 1) before it binds a port or opens its key.
-_TLS = ["--tls-cert", "missing.pem", "--tls-key", "missing-key.pem"]
-
-
-def _never_bound(host: str, port: int) -> None:
-    raise OSError("no port is bound in this test")
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(gateway.serving, "bind_socket", _never_bound)
-    for name in ("LISTEN", "BACKEND", "TLS_CERT", "TLS_KEY", "CLIENT_CA", "ALLOW_REMOTE_BACKEND"):
-        monkeypatch.delenv(f"OWNGATE_ATTEST_{name}", raising=False)
-    monkeypatch.chdir(tmp_path)
+    checks_only(
+        monkeypatch,
+        tmp_path,
+        ("LISTEN", "BACKEND", "TLS_CERT", "TLS_KEY", "CLIENT_CA", "ALLOW_REMOTE_BACKEND"),
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,7 +45,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_a_backend_off_the_sidecars_host_is_refused(
     backend: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["attest", "--backend", backend, *_REST, *_TLS]) == 2
+    assert main(["attest", "--backend", backend, *_REST, *MISSING_TLS]) == 2
     err = capsys.readouterr().err
     assert "not a loopback address" in err and "--allow-remote-backend" in err
     assert "TLS files not usable" not in err  # refused before any file is read
@@ -71,14 +65,14 @@ def test_a_backend_off_the_sidecars_host_is_refused(
 def test_loopback_or_the_explicit_flag_pass_the_check(
     backend: str, extra: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["attest", "--backend", backend, *_REST, *_TLS, *extra]) == 1
+    assert main(["attest", "--backend", backend, *_REST, *MISSING_TLS, *extra]) == 1
     assert "TLS files not usable" in capsys.readouterr().err
 
 
 def test_the_flag_has_its_environment_default(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    argv = ["attest", "--backend", "http://10.0.3.8:8000", *_REST, *_TLS]
+    argv = ["attest", "--backend", "http://10.0.3.8:8000", *_REST, *MISSING_TLS]
     monkeypatch.setenv("OWNGATE_ATTEST_ALLOW_REMOTE_BACKEND", "1")
     assert main(argv) == 1
     assert "TLS files not usable" in capsys.readouterr().err
