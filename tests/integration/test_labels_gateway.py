@@ -37,6 +37,7 @@ from tests.helpers.gateways import (
 )
 from tests.helpers.net import free_port
 from tests.helpers.provenance import log_bytes, request_records, run_audit, run_audit_output
+from tests.helpers.waiting import until
 
 Build = Callable[..., tuple[Gateway, Sim, Sim]]
 
@@ -143,6 +144,18 @@ def chat(
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     headers = [(name, value) for name, _, value in (h.partition(": ") for h in header_lines)]
     return httpx.Response(int(status_line.split()[1]), headers=headers, content=content)
+
+
+def _access_lines(logs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """The access lines of `count` requests, once written: a `connection: close` answer's
+    line comes once its wait saw the answer taken (a poll after the gateway's close), which
+    may be after the client read to the end (gateway/body_writer.py `taken`)."""
+
+    def lines() -> list[dict[str, Any]]:
+        return [e for e in list(logs) if e["event"] == "request"]
+
+    until(lambda: len(lines()) >= count, f"{count} access lines", timeout=30)
+    return lines()
 
 
 def refused_label(response: httpx.Response) -> dict[str, Any]:
@@ -290,8 +303,8 @@ def test_an_undeclared_label_is_logged_as_unknown(setup: Build) -> None:
     with capture_logs() as logs:
         refused_label(chat(gateway, [canary]))
         assert chat(gateway, ["PHI"]).status_code == 200
+        access = _access_lines(logs, 2)
     assert canary not in repr(logs)
-    access = [e for e in logs if e["event"] == "request"]
     assert [e["data_class"] for e in access] == ["<unknown>", "phi"]
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     assert canary not in metrics
@@ -314,11 +327,11 @@ def test_a_model_name_no_backend_serves_never_reaches_the_logs(setup: Build) -> 
     with capture_logs() as logs:
         response = chat(gateway, model=canary)
         assert chat(gateway).status_code == 200
+        access = _access_lines(logs, 2)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "model_not_found"
     assert len(response.json()["error"]["message"]) < 400
     assert "CANARY-model" not in repr(logs)
-    access = [e for e in logs if e["event"] == "request"]
     assert [e["model"] for e in access] == ["<unknown>", "m"]
     metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
     assert "CANARY-model" not in metrics
