@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -146,12 +146,14 @@ def chat(
     return httpx.Response(int(status_line.split()[1]), headers=headers, content=content)
 
 
-def _access_lines(logs: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+def _access_lines(
+    logs: list[MutableMapping[str, Any]], count: int
+) -> list[MutableMapping[str, Any]]:
     """The access lines of `count` requests, once written: a `connection: close` answer's
     line comes once its wait saw the answer taken (a poll after the gateway's close), which
     may be after the client read to the end (gateway/body_writer.py `taken`)."""
 
-    def lines() -> list[dict[str, Any]]:
+    def lines() -> list[MutableMapping[str, Any]]:
         return [e for e in list(logs) if e["event"] == "request"]
 
     until(lambda: len(lines()) >= count, f"{count} access lines", timeout=30)
