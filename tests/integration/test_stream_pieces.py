@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.api.sse import StreamWatch
-from gateway.sse_comments import CommentFilter
+from tests.helpers.comment_feeds import fed_sizes
 from tests.helpers.gateways import Gateway, backend
 from tests.helpers.raw_backend import Answer, Post, RawBackend, sse_head
 
@@ -66,14 +66,7 @@ def test_a_whole_answer_s_comment_lines_are_walked_in_pieces(
     loses its `owngate-` comment lines before it is checked: walked in one go, a 16 MiB
     answer of them held the event loop 3.4 s (CPU) before it was refused as no JSON; now
     16 KiB at a time, the loop turning between."""
-    fed: list[int] = []
-    feed = CommentFilter.feed
-
-    def counted(self: CommentFilter, data: bytes) -> bytes:
-        fed.append(len(data))
-        return feed(self, data)
-
-    monkeypatch.setattr(CommentFilter, "feed", counted)
+    fed = fed_sizes(monkeypatch)
     body = b": owngate-x\n" * (1024 * 1024 // 12)
 
     async def whole(writer: asyncio.StreamWriter, _: Post) -> bool:

@@ -21,7 +21,7 @@ from gateway.attest import AttestRelay, AttestSettings
 from gateway.attest.protocol import Listener
 from gateway.provenance import Salts, commit, load_signer, write_signing_key
 from gateway.provenance.formats.attestation import check_countersignature, salts_value
-from gateway.sse_comments import CommentFilter
+from tests.helpers.comment_feeds import fed_sizes
 from tests.helpers.fake_transport import LIMITS, WAIT_S, FakeTransport
 from tests.helpers.provenance import records
 from tests.helpers.raw_socket import parse
@@ -108,14 +108,7 @@ def test_a_streams_large_read_is_relayed_in_pieces(
     """The sidecar's comment filter costs Python per comment line: a read of 256 KiB of
     them held its event loop some 0.25 s. Each read is taken in pieces of at most 16 KiB
     (`PIECE`, gateway/upstream/response.py), the loop turning between them."""
-    fed: list[int] = []
-    feed = CommentFilter.feed
-
-    def counted(self: CommentFilter, data: bytes) -> bytes:
-        fed.append(len(data))
-        return feed(self, data)
-
-    monkeypatch.setattr(CommentFilter, "feed", counted)
+    fed = fed_sizes(monkeypatch)
     burst = b": owngate-x\n" * (1024 * 1024 // 12) + b"data: [DONE]\n\n"
     answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + burst
     written = asyncio.run(_relay_once(tmp_path, answer))
@@ -129,14 +122,7 @@ def test_a_whole_answers_comment_lines_are_walked_in_pieces(
 ) -> None:
     """So is a whole answer it countersigns: its comment lines, walked in one go (a
     16 MiB answer of them held the loop 3.4 s of CPU), are walked 16 KiB at a time."""
-    fed: list[int] = []
-    feed = CommentFilter.feed
-
-    def counted(self: CommentFilter, data: bytes) -> bytes:
-        fed.append(len(data))
-        return feed(self, data)
-
-    monkeypatch.setattr(CommentFilter, "feed", counted)
+    fed = fed_sizes(monkeypatch)
     body = b": owngate-x\n" * (1024 * 1024 // 12) + b'{"a": 1}'
     answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
     written = asyncio.run(_relay_once(tmp_path, answer % len(body) + body))
