@@ -152,6 +152,26 @@ def test_the_fallback_record_says_what_each_private_backend_came_to(
     ]
 
 
+def _private_then_hosted(
+    start_gateway: Callable[..., Gateway],
+    tmp_path: Path,
+    raw: RawBackend,
+    hosted: Sim,
+    **settings: Any,
+) -> Gateway:
+    """A gateway with the private backend `a` (`raw`) and `hosted` behind it, under
+    `POLICY` (hosted only when the private one is unavailable), and `settings`."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "policy.yaml").write_text(POLICY)
+    return start_gateway(
+        [backend("a", raw.url, "m", **EU_ZERO), hosted_backend("hosted", f"{hosted.url}/v1", "m")],
+        policy={"paths": [str(policies)]},
+        environ={"HOSTED_KEY": "k"},
+        **settings,
+    )
+
+
 def test_a_private_backend_the_failover_deadline_cut_short_is_not_unavailable(
     start_raw: Callable[[Answer], RawBackend],
     start_sim: Callable[..., Sim],
@@ -168,14 +188,8 @@ def test_a_private_backend_the_failover_deadline_cut_short_is_not_unavailable(
     release = threading.Event()
     raw = start_raw(json_answer(completion_body("private"), release=release))
     hosted = start_sim("vllm", models=("m",), zero_latency=True)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "policy.yaml").write_text(POLICY)
-    gateway = start_gateway(
-        [backend("a", raw.url, "m", **EU_ZERO), hosted_backend("hosted", f"{hosted.url}/v1", "m")],
-        policy={"paths": [str(policies)]},
-        routing={"failover": {"deadline_s": 3}},
-        environ={"HOSTED_KEY": "k"},
+    gateway = _private_then_hosted(
+        start_gateway, tmp_path, raw, hosted, routing={"failover": {"deadline_s": 3}}
     )
     try:
         response = post(gateway)
@@ -217,15 +231,13 @@ def test_a_backend_that_hangs_after_its_headers_is_unavailable_whatever_the_dead
     release = threading.Event()
     raw = start_raw(held_answer(release))
     hosted = start_sim("vllm", models=("m",), zero_latency=True)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "policy.yaml").write_text(POLICY)
-    gateway = start_gateway(
-        [backend("a", raw.url, "m", **EU_ZERO), hosted_backend("hosted", f"{hosted.url}/v1", "m")],
-        policy={"paths": [str(policies)]},
+    gateway = _private_then_hosted(
+        start_gateway,
+        tmp_path,
+        raw,
+        hosted,
         routing={"failover": {"deadline_s": 60}},
         limits={"read_timeout_s": 1.0},
-        environ={"HOSTED_KEY": "k"},
     )
     url = f"{gateway.url}/v1/chat/completions"
     whole = {**CHAT, "stream": False}  # a whole answer: nothing reaches the client before its end
